@@ -1,0 +1,5 @@
+import sys
+
+from hexhelix.cli import main
+
+sys.exit(main())

@@ -1,0 +1,301 @@
+"""Cluster description: nodes of GPUs, links between them, and the device graph built from them.
+
+A cluster file (YAML or JSON) looks like::
+
+    name: mixed-example
+    gpu_types: {MyCard: {tflops: 100.0, memory_gib: 24}}
+    nodes:
+      - {name: a100-0, gpu: A100-SXM4-80GB, count: 8, intra_GBps: 300}
+    inter_GBps: 12.5
+    latency_us: 10
+    links: [{between: [a100-0, t4-0], GBps: 5}]
+
+Bandwidths are GB/s (1e9 bytes/s) per direction; latencies are microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from .catalog import GpuType, lookup_gpu
+from .errors import InvalidInputError
+
+__all__ = ["Cluster", "Device", "Link", "Node", "load_cluster", "read_structured_file"]
+
+DEFAULT_LATENCY_US = 10.0
+DEFAULT_INTRA_LATENCY_US = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """A machine with ``count`` identical GPUs joined by an intra-node link."""
+
+    name: str
+    gpu: str
+    count: int
+    intra_GBps: float
+    intra_latency_us: float = DEFAULT_INTRA_LATENCY_US
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """A per-pair override of the inter-node link between nodes ``a`` and ``b``."""
+
+    a: str
+    b: str
+    GBps: float
+    latency_us: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """One GPU: its global id, the node it sits in and its local index there."""
+
+    id: int
+    node: int
+    local: int
+    gpu: GpuType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Validated cluster: nodes, GPU types in use and the link table."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    gpu_types: dict[str, GpuType]
+    inter_GBps: float
+    latency_us: float = DEFAULT_LATENCY_US
+    links: tuple[Link, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise InvalidInputError("a cluster needs at least one node", field="nodes")
+        names = [n.name for n in self.nodes]
+        for i, name in enumerate(names):
+            if names.index(name) != i:
+                raise InvalidInputError(f"duplicate node name {name!r}", field=f"nodes[{i}].name")
+        for i, node in enumerate(self.nodes):
+            if node.gpu not in self.gpu_types:
+                raise InvalidInputError(f"unknown GPU type {node.gpu!r}", field=f"nodes[{i}].gpu")
+
+    # ----------------------------------------------------------------- derived views
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.count for n in self.nodes)
+
+    def node_index(self, name: str) -> int:
+        for i, n in enumerate(self.nodes):
+            if n.name == name:
+                return i
+        raise InvalidInputError(f"no node named {name!r}", field="nodes")
+
+    def devices(self) -> list[Device]:
+        """Every GPU in node order; global ids are contiguous per node."""
+        out: list[Device] = []
+        for ni, node in enumerate(self.nodes):
+            gpu = self.gpu_types[node.gpu]
+            for local in range(node.count):
+                out.append(Device(id=len(out), node=ni, local=local, gpu=gpu))
+        return out
+
+    def node_gpus(self, node: int) -> list[int]:
+        """Global device ids of the GPUs in node ``node``."""
+        start = sum(n.count for n in self.nodes[:node])
+        return list(range(start, start + self.nodes[node].count))
+
+    def gpu_of_node(self, node: int) -> GpuType:
+        return self.gpu_types[self.nodes[node].gpu]
+
+    def node_link(self, a: int, b: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) between nodes ``a`` and ``b`` (intra-node when equal)."""
+        if a == b:
+            node = self.nodes[a]
+            return node.intra_GBps * 1e9, node.intra_latency_us * 1e-6
+        na, nb = self.nodes[a].name, self.nodes[b].name
+        for link in self.links:
+            if {link.a, link.b} == {na, nb}:
+                return link.GBps * 1e9, link.latency_us * 1e-6
+        return self.inter_GBps * 1e9, self.latency_us * 1e-6
+
+    def total_peak_flops(self) -> float:
+        return sum(self.gpu_types[n.gpu].peak_flops * n.count for n in self.nodes)
+
+    def device_graph(self) -> nx.Graph:
+        """Complete graph, one node per GPU (attrs: gpu, node, tflops, memory_gib) and edges with
+        ``bandwidth`` (bytes/s), ``latency`` (s) and ``intra`` (same node)."""
+        g = nx.Graph(name=self.name)
+        devs = self.devices()
+        for d in devs:
+            g.add_node(d.id, gpu=d.gpu.name, node=self.nodes[d.node].name, node_index=d.node,
+                       local=d.local, tflops=d.gpu.tflops, memory_gib=d.gpu.memory_gib)
+        for i, a in enumerate(devs):
+            for b in devs[i + 1:]:
+                bw, lat = self.node_link(a.node, b.node)
+                g.add_edge(a.id, b.id, bandwidth=bw, latency=lat, intra=a.node == b.node)
+        return g
+
+    # ----------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        used = sorted({n.gpu for n in self.nodes})
+        return {
+            "name": self.name,
+            "gpu_types": {k: self.gpu_types[k].to_dict() for k in used},
+            "nodes": [
+                {"name": n.name, "gpu": n.gpu, "count": n.count, "intra_GBps": n.intra_GBps,
+                 "intra_latency_us": n.intra_latency_us}
+                for n in self.nodes
+            ],
+            "inter_GBps": self.inter_GBps,
+            "latency_us": self.latency_us,
+            "links": [{"between": [lk.a, lk.b], "GBps": lk.GBps, "latency_us": lk.latency_us}
+                      for lk in self.links],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> Cluster:
+        """Parse and validate a cluster mapping; errors name ``source`` and the field."""
+        try:
+            return _parse_cluster(data)
+        except InvalidInputError as err:
+            raise (err.with_source(source) if source else err) from None
+
+
+# --------------------------------------------------------------------------- parsing helpers
+def _num(value: Any, field: str, *, positive: bool = True, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"must be a number, got {value!r}", field=field)
+    if positive and (value < 0 or (value == 0 and not allow_zero)):
+        raise InvalidInputError(f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}", field=field)
+    return float(value)
+
+
+def _req(mapping: dict, key: str, where: str) -> Any:
+    if key not in mapping:
+        raise InvalidInputError("missing required field", field=f"{where}{key}" if where else key)
+    return mapping[key]
+
+
+def _check_keys(mapping: dict, allowed: set[str], where: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise InvalidInputError(f"unknown field (allowed: {', '.join(sorted(allowed))})",
+                                    field=f"{where}{key}")
+
+
+def _parse_cluster(data: Any) -> Cluster:
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"expected a mapping at the top level, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k != "schema"}
+    _check_keys(data, {"name", "gpu_types", "nodes", "inter_GBps", "latency_us", "links"}, "")
+    name = str(data.get("name", "cluster"))
+
+    types: dict[str, GpuType] = {}
+    raw_types = data.get("gpu_types") or {}
+    if not isinstance(raw_types, dict):
+        raise InvalidInputError("must be a mapping of type name to {tflops, memory_gib}", field="gpu_types")
+    for tname, spec in raw_types.items():
+        where = f"gpu_types.{tname}"
+        if not isinstance(spec, dict):
+            raise InvalidInputError("must be a mapping with tflops and memory_gib", field=where)
+        _check_keys(spec, {"name", "tflops", "memory_gib", "mem_GBps", "intra_GBps", "source"}, where + ".")
+        kwargs: dict[str, Any] = {
+            "name": str(tname),
+            "tflops": _num(_req(spec, "tflops", where + "."), where + ".tflops"),
+            "memory_gib": _num(_req(spec, "memory_gib", where + "."), where + ".memory_gib"),
+            "source": str(spec.get("source", "user-defined in the cluster file")),
+        }
+        for opt in ("mem_GBps", "intra_GBps"):
+            if opt in spec:
+                kwargs[opt] = _num(spec[opt], f"{where}.{opt}")
+        types[str(tname)] = GpuType(**kwargs)
+
+    raw_nodes = _req(data, "nodes", "")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise InvalidInputError("must be a non-empty list of nodes", field="nodes")
+    nodes: list[Node] = []
+    used: dict[str, GpuType] = {}
+    for i, raw in enumerate(raw_nodes):
+        where = f"nodes[{i}]"
+        if not isinstance(raw, dict):
+            raise InvalidInputError("must be a mapping {name, gpu, count, intra_GBps}", field=where)
+        _check_keys(raw, {"name", "gpu", "count", "intra_GBps", "intra_latency_us"}, where + ".")
+        gname = str(_req(raw, "gpu", where + "."))
+        gpu = lookup_gpu(gname, types)
+        if gpu is None:
+            raise InvalidInputError(
+                f"unknown GPU type {gname!r}; define it under gpu_types or use one of the catalog "
+                f"(hexhelix gpus lists them)", field=f"{where}.gpu")
+        used[gpu.name] = gpu
+        count = _req(raw, "count", where + ".")
+        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+            raise InvalidInputError(f"must be a positive integer, got {count!r}", field=f"{where}.count")
+        intra = _num(raw["intra_GBps"], f"{where}.intra_GBps") if "intra_GBps" in raw else gpu.intra_GBps
+        lat = (_num(raw["intra_latency_us"], f"{where}.intra_latency_us", allow_zero=True)
+               if "intra_latency_us" in raw else DEFAULT_INTRA_LATENCY_US)
+        nodes.append(Node(name=str(raw.get("name", f"node{i}")), gpu=gpu.name, count=count,
+                          intra_GBps=intra, intra_latency_us=lat))
+
+    multi = len(nodes) > 1
+    if "inter_GBps" in data:
+        inter = _num(data["inter_GBps"], "inter_GBps")
+    elif multi:
+        raise InvalidInputError("missing required field (bandwidth between nodes, GB/s)", field="inter_GBps")
+    else:
+        inter = 1.0  # unused with a single node
+    latency = _num(data["latency_us"], "latency_us", allow_zero=True) if "latency_us" in data else DEFAULT_LATENCY_US
+
+    node_names = {n.name for n in nodes}
+    links: list[Link] = []
+    for i, raw in enumerate(data.get("links") or []):
+        where = f"links[{i}]"
+        if not isinstance(raw, dict):
+            raise InvalidInputError("must be a mapping {between: [a, b], GBps}", field=where)
+        _check_keys(raw, {"between", "GBps", "latency_us"}, where + ".")
+        between = _req(raw, "between", where + ".")
+        if not isinstance(between, list) or len(between) != 2:
+            raise InvalidInputError("must list exactly two node names", field=f"{where}.between")
+        for b in between:
+            if b not in node_names:
+                raise InvalidInputError(f"no node named {b!r}", field=f"{where}.between")
+        links.append(Link(a=str(between[0]), b=str(between[1]),
+                          GBps=_num(_req(raw, "GBps", where + "."), f"{where}.GBps"),
+                          latency_us=_num(raw.get("latency_us", latency), f"{where}.latency_us", allow_zero=True)))
+    return Cluster(name=name, nodes=tuple(nodes), gpu_types=used, inter_GBps=inter,
+                   latency_us=latency, links=tuple(links))
+
+
+def read_structured_file(path: str | Path) -> Any:
+    """Read a YAML or JSON file; raise InvalidInputError naming the file on any read/parse error."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InvalidInputError("file not found", source=str(p)) from None
+    except OSError as err:
+        raise InvalidInputError(f"cannot read file ({err.strerror})", source=str(p)) from None
+    if p.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InvalidInputError(f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
+                                    source=str(p)) from None
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise InvalidInputError(f"unreadable YAML{where}: {problem}", source=str(p)) from None
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Load and validate a cluster file (YAML or JSON)."""
+    return Cluster.from_dict(read_structured_file(path), source=str(path))

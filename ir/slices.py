@@ -1,0 +1,57 @@
+"""Gradient-sync slices across pipelines whose TP degrees differ (reference/schedule_ir.md §8.4).
+
+Each parameter unit (a layer's TP-sharded weights, the embedding, the head) is held by every
+pipeline, split among the GPUs of the stage that holds it: GPU i of a TP-t stage owns the fraction
+[i/t, (i+1)/t). Cutting the unit at the union of all pipelines' shard boundaries gives pieces; each
+piece is held by exactly one GPU per pipeline, and those GPUs all-reduce it together.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .plan import Plan
+
+__all__ = ["SlicePiece", "slice_pieces"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlicePiece:
+    """Fraction [lo, hi) of parameter unit ``unit`` and the GPU of each pipeline holding it."""
+
+    unit: str            # "layer.<i>", "embedding" or "head"
+    lo: Fraction
+    hi: Fraction
+    gpus: tuple[int, ...]  # one per pipeline, in pipeline order
+
+
+def _holders(plan: Plan, unit: str) -> list[tuple[int, ...]]:
+    """Per pipeline, the GPUs (in TP-rank order) of the stage holding ``unit``."""
+    out = []
+    for pipe in plan.pipelines:
+        if unit == "embedding":
+            out.append(pipe.stages[0].gpus)
+        elif unit == "head":
+            out.append(pipe.stages[-1].gpus)
+        else:
+            layer = int(unit.split(".")[1])
+            out.append(next(s.gpus for s in pipe.stages if s.layers[0] <= layer < s.layers[1]))
+    return out
+
+
+def slice_pieces(plan: Plan) -> list[SlicePiece]:
+    """All pieces of all parameter units, in unit order then fraction order.
+
+    >>> # two pipelines, TP 2 and TP 1: each layer is cut in halves, each half all-reduced by 2 GPUs
+    """
+    units = ["embedding", *(f"layer.{i}" for i in range(plan.problem.model.layers)), "head"]
+    pieces: list[SlicePiece] = []
+    for unit in units:
+        holders = _holders(plan, unit)
+        cuts = sorted({Fraction(i, len(g)) for g in holders for i in range(len(g) + 1)})
+        for lo, hi in itertools.pairwise(cuts):
+            gpus = tuple(g[int(lo * len(g))] for g in holders)
+            pieces.append(SlicePiece(unit=unit, lo=lo, hi=hi, gpus=gpus))
+    return pieces

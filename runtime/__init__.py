@@ -1,0 +1,1 @@
+"""hexhelix.runtime — executors of compiled programs (simulator, torch runtime) and the profiler."""

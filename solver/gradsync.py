@@ -1,0 +1,44 @@
+"""Cost of the data-parallel gradient sync across pipelines, following the slice plan."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hexhelix.ir.opgraph import OpClass
+from hexhelix.ir.plan import Plan
+from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+from hexhelix.ir.slices import slice_pieces
+
+from . import cost
+
+__all__ = ["grad_sync_time", "unit_params"]
+
+
+def unit_params(plan: Plan, unit: str) -> int:
+    """Parameters of a slice-plan unit (a layer, the embedding or the head)."""
+    m = plan.problem.model
+    if unit == "embedding":
+        return m.embedding_params
+    if unit == "head":
+        return m.head_params
+    return m.params_per_layer
+
+
+def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
+    """Seconds until every GPU has all-reduced all pieces it holds, pieces on one GPU serialised,
+    different GPUs in parallel; each piece is a ring all-reduce over its holders at the speed of
+    their slowest link. One pipeline: no sync."""
+    if len(plan.pipelines) < 2:
+        return 0.0
+    cl, tr = plan.problem.cluster, plan.problem.training
+    devices = cl.devices()
+    per_gpu: dict[int, float] = defaultdict(float)
+    for piece in slice_pieces(plan):
+        payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
+        nodes = [devices[g].node for g in piece.gpus]
+        links = [cost.cluster_link(cl, a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+        slow = min(links, key=lambda lk: lk.bandwidth / (1 + lk.bandwidth * lk.latency))
+        t = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload, slow, profile)
+        for g in set(piece.gpus):
+            per_gpu[g] += t
+    return max(per_gpu.values(), default=0.0)
