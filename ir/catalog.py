@@ -8,6 +8,7 @@ user-supplied ``gpu_types`` entry.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["CATALOG", "GpuType", "lookup_gpu"]
@@ -27,8 +28,11 @@ class GpuType:
     def __post_init__(self) -> None:
         for field_name in ("tflops", "memory_gib", "mem_GBps", "intra_GBps"):
             value = getattr(self, field_name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < math.inf:
                 raise ValueError(f"{field_name}: must be a positive number, got {value!r}")
+            # one numeric type, so a catalog row and the same row read back from JSON serialise
+            # to the same bytes (80 vs 80.0)
+            object.__setattr__(self, field_name, float(value))
 
     @property
     def peak_flops(self) -> float:

@@ -16,6 +16,7 @@ Bandwidths are GB/s (1e9 bytes/s) per direction; latencies are microseconds.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ __all__ = ["Cluster", "Device", "Link", "Node", "load_cluster", "read_structured
 
 DEFAULT_LATENCY_US = 10.0
 DEFAULT_INTRA_LATENCY_US = 5.0
+# Sanity limits, so a typo (count: 80000) is one clear error instead of a device graph with
+# billions of edges: a node is one machine (an NVL72 rack counts as one); the device graph is
+# complete, and at 4096 GPUs it already has 8.4 M edges (tens of seconds to build).
+MAX_GPUS_PER_NODE = 256
+MAX_GPUS = 4096
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,8 +174,8 @@ class Cluster:
 
 # --------------------------------------------------------------------------- parsing helpers
 def _num(value: Any, field: str, *, positive: bool = True, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInputError(f"must be a number, got {value!r}", field=field)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"must be a finite number, got {value!r}", field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise InvalidInputError(f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}", field=field)
     return float(value)
@@ -235,12 +241,18 @@ def _parse_cluster(data: Any) -> Cluster:
         count = _req(raw, "count", where + ".")
         if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
             raise InvalidInputError(f"must be a positive integer, got {count!r}", field=f"{where}.count")
+        if count > MAX_GPUS_PER_NODE:
+            raise InvalidInputError(f"{count} GPUs in one node exceeds the limit of {MAX_GPUS_PER_NODE}; "
+                                    "split the machine into several nodes", field=f"{where}.count")
         intra = _num(raw["intra_GBps"], f"{where}.intra_GBps") if "intra_GBps" in raw else gpu.intra_GBps
         lat = (_num(raw["intra_latency_us"], f"{where}.intra_latency_us", allow_zero=True)
                if "intra_latency_us" in raw else DEFAULT_INTRA_LATENCY_US)
         nodes.append(Node(name=str(raw.get("name", f"node{i}")), gpu=gpu.name, count=count,
                           intra_GBps=intra, intra_latency_us=lat))
 
+    total = sum(n.count for n in nodes)
+    if total > MAX_GPUS:
+        raise InvalidInputError(f"the cluster has {total} GPUs, more than the limit of {MAX_GPUS}", field="nodes")
     multi = len(nodes) > 1
     if "inter_GBps" in data:
         inter = _num(data["inter_GBps"], "inter_GBps")
@@ -252,7 +264,11 @@ def _parse_cluster(data: Any) -> Cluster:
 
     node_names = {n.name for n in nodes}
     links: list[Link] = []
-    for i, raw in enumerate(data.get("links") or []):
+    raw_links = data.get("links") or []
+    if not isinstance(raw_links, list):
+        raise InvalidInputError("must be a list of {between: [a, b], GBps} entries", field="links")
+    seen_pairs: dict[frozenset, int] = {}
+    for i, raw in enumerate(raw_links):
         where = f"links[{i}]"
         if not isinstance(raw, dict):
             raise InvalidInputError("must be a mapping {between: [a, b], GBps}", field=where)
@@ -261,8 +277,16 @@ def _parse_cluster(data: Any) -> Cluster:
         if not isinstance(between, list) or len(between) != 2:
             raise InvalidInputError("must list exactly two node names", field=f"{where}.between")
         for b in between:
-            if b not in node_names:
+            if not isinstance(b, str) or b not in node_names:
                 raise InvalidInputError(f"no node named {b!r}", field=f"{where}.between")
+        pair = frozenset(between)
+        if len(pair) != 2:
+            raise InvalidInputError(f"names node {between[0]!r} twice; set its intra_GBps on the node instead",
+                                    field=f"{where}.between")
+        if pair in seen_pairs:
+            raise InvalidInputError(f"the pair is already overridden by links[{seen_pairs[pair]}]",
+                                    field=f"{where}.between")
+        seen_pairs[pair] = i
         links.append(Link(a=str(between[0]), b=str(between[1]),
                           GBps=_num(_req(raw, "GBps", where + "."), f"{where}.GBps"),
                           latency_us=_num(raw.get("latency_us", latency), f"{where}.latency_us", allow_zero=True)))
@@ -279,6 +303,11 @@ def read_structured_file(path: str | Path) -> Any:
         raise InvalidInputError("file not found", source=str(p)) from None
     except OSError as err:
         raise InvalidInputError(f"cannot read file ({err.strerror})", source=str(p)) from None
+    except UnicodeDecodeError as err:
+        raise InvalidInputError(f"not a UTF-8 text file (undecodable byte at offset {err.start})",
+                                source=str(p)) from None
+    if not text.strip():
+        raise InvalidInputError("file is empty", source=str(p))
     if p.suffix.lower() == ".json":
         try:
             return json.loads(text)

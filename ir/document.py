@@ -75,6 +75,8 @@ class IRDocument:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise InvalidInputError("file not found", source=str(p)) from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise InvalidInputError(f"cannot read file ({err})", source=str(p)) from None
         except json.JSONDecodeError as err:
             raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=str(p)) from None
         return cls.from_dict(data, source=str(p))

@@ -189,10 +189,14 @@ class TrainingConfig:
         if self.recompute not in RECOMPUTE_MODES:
             raise InvalidInputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}",
                                     field="recompute")
-        if self.dtype not in DTYPE_BYTES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise InvalidInputError(f"must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}", field="dtype")
-        if self.state_bytes_per_param <= 0:
-            raise InvalidInputError("must be positive", field="state_bytes_per_param")
+        sbp = self.state_bytes_per_param
+        if isinstance(sbp, bool) or not isinstance(sbp, int | float) or sbp <= 0:
+            raise InvalidInputError(f"must be a positive number, got {sbp!r}", field="state_bytes_per_param")
+        if not isinstance(self.sequence_parallel, bool):
+            raise InvalidInputError(f"must be true or false, got {self.sequence_parallel!r}",
+                                    field="sequence_parallel")
 
     @property
     def num_micro_batches(self) -> int:

@@ -73,6 +73,12 @@ class Op:
     deps: tuple[str, ...] = ()
     wgrad: bool = False
 
+    def __post_init__(self) -> None:
+        # floats throughout, so an op built in memory and the same op read back from JSON
+        # serialise to the same bytes (67108864 vs 67108864.0)
+        for name in ("flops", "mem_bytes", "payload_bytes"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
     @property
     def kind(self) -> OpKind:
         return OpKind.COMM if self.op_class.is_comm else OpKind.COMPUTE

@@ -181,10 +181,35 @@ class Plan:
                                         "re-export the plan with this version of hexhelix", field="schema")
             if "problem" not in d or "pipelines" not in d:
                 raise InvalidInputError("missing required field", field="problem" if "problem" not in d else "pipelines")
-            try:
-                pipes = tuple(PipelinePlan.from_dict(p) for p in d["pipelines"])
-            except (KeyError, TypeError, ValueError, IndexError) as err:
-                raise InvalidInputError(f"malformed pipeline entry ({err!s})", field="pipelines") from None
-            return cls(problem=PlanProblem.from_dict(d["problem"]), pipelines=pipes, meta=dict(d.get("meta") or {}))
+            pipes = _parse_pipelines(d["pipelines"])
+            meta = d.get("meta") or {}
+            if not isinstance(meta, dict):
+                raise InvalidInputError("must be a mapping", field="meta")
+            return cls(problem=PlanProblem.from_dict(d["problem"]), pipelines=pipes, meta=dict(meta))
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
+
+
+def _parse_pipelines(raw: Any) -> tuple[PipelinePlan, ...]:
+    """Parse the ``pipelines`` list; a missing or mistyped entry names its path
+    (``pipelines[1].stages[0].layers``)."""
+    if not isinstance(raw, list):
+        raise InvalidInputError("must be a list of pipelines", field="pipelines")
+    out = []
+    for p, pipe in enumerate(raw):
+        where = f"pipelines[{p}]"
+        if not isinstance(pipe, dict) or not isinstance(pipe.get("stages"), list):
+            raise InvalidInputError("malformed pipeline entry: expected {micro_batches, stages: [...]}",
+                                    field=where)
+        for k, st in enumerate(pipe["stages"]):
+            try:
+                StagePlan.from_dict(st)
+            except (KeyError, TypeError, ValueError, IndexError) as err:
+                missing = f" (missing {err})" if isinstance(err, KeyError) else ""
+                raise InvalidInputError(f"malformed pipeline entry: expected {{node, gpus, layers: [lo, hi]}}"
+                                        f"{missing}", field=f"{where}.stages[{k}]") from None
+        try:
+            out.append(PipelinePlan.from_dict(pipe))
+        except (KeyError, TypeError, ValueError) as err:
+            raise InvalidInputError(f"malformed pipeline entry ({err!s})", field=where) from None
+    return tuple(out)

@@ -12,11 +12,20 @@ assumptions, not measurements:
   collective 0.5, collectives on different links 1.0 (independent); two collectives on the same
   link are illegal to pair;
 * 1 GiB per GPU reserved for the CUDA context, NCCL buffers and allocator slack.
+
+``links`` maps a communication class (``all_reduce``, ``all_gather``, ``reduce_scatter``,
+``send_recv``) to ``{"bw_factor": b, "alpha_factor": a}``: the measured β and α of that class,
+fitted to the cost model's ring form, relative to the link the cluster file gives (``hexhelix
+profile`` writes the measured point-to-point link into the generated cluster file and sets
+``link_efficiency`` to 1). The cost model multiplies the link's bandwidth by ``b`` and its latency
+by ``a``; a class not listed uses 1 and 1.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,16 +68,31 @@ class Profile:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        _check_shapes(self)
         for k, v in self.efficiency.items():
             if not 0 < v <= 1.5:
                 raise InvalidInputError(f"efficiency must be in (0, 1.5], got {v}", field=f"efficiency.{k}")
         if not 0 < self.link_efficiency <= 1.5:
             raise InvalidInputError("must be in (0, 1.5]", field="link_efficiency")
+        for cls, spec in self.links.items():
+            if cls not in _COMM or not isinstance(spec, dict):
+                raise InvalidInputError(f"expected one of {', '.join(_COMM)} mapping to "
+                                        "{bw_factor, alpha_factor}", field=f"links.{cls}")
+            for key, v in spec.items():
+                if key not in ("bw_factor", "alpha_factor") or isinstance(v, bool) \
+                        or not isinstance(v, int | float) or v < 0 or (key == "bw_factor" and v == 0):
+                    raise InvalidInputError(f"expected bw_factor > 0 and alpha_factor >= 0, got {key}={v!r}",
+                                            field=f"links.{cls}.{key}")
 
     def eff(self, gpu: str, op_class: str) -> float:
         """Fraction of peak (compute ops) or of memory bandwidth (memory-bound ops) achieved."""
         per = self.per_gpu_efficiency.get(gpu, {})
         return per.get(op_class, self.efficiency.get(op_class, 0.5))
+
+    def link_factors(self, op_class: str) -> tuple[float, float]:
+        """(bandwidth factor, latency factor) of communication class ``op_class`` (see ``links``)."""
+        spec = self.links.get(op_class, {})
+        return float(spec.get("bw_factor", 1.0)), float(spec.get("alpha_factor", 1.0))
 
     def overlap(self, a: str, b: str) -> float:
         """OEF of co-executing an op of class ``a`` with one of class ``b`` (symmetric)."""
@@ -92,12 +116,43 @@ class Profile:
             unknown = set(kwargs) - set(cls.__dataclass_fields__)
             if unknown:
                 raise InvalidInputError("unknown field", field=sorted(unknown)[0])
+            oef = kwargs.get("oef") or {}
+            if not isinstance(oef, dict):
+                raise InvalidInputError("must be a mapping of 'class|class' to a factor", field="oef")
             base = _default_oef()
-            base.update(kwargs.get("oef") or {})
+            base.update(oef)
             kwargs["oef"] = base
             return cls(**kwargs)
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
+
+
+def _is_num(v: Any) -> bool:
+    """A finite real number (numpy scalars included), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_shapes(p: Profile) -> None:
+    """Types of every field, so a hand-edited profile fails with its field named, not a TypeError."""
+    for name in ("efficiency", "per_gpu_efficiency", "gpu_overrides", "links", "oef", "meta"):
+        if not isinstance(getattr(p, name), dict):
+            raise InvalidInputError("must be a mapping", field=name)
+    for name in ("per_gpu_efficiency", "gpu_overrides"):
+        for gpu, table in getattr(p, name).items():
+            if not isinstance(table, dict):
+                raise InvalidInputError("must be a mapping", field=f"{name}.{gpu}")
+            for k, v in table.items():
+                if not _is_num(v) or v <= 0:
+                    raise InvalidInputError(f"must be a positive number, got {v!r}", field=f"{name}.{gpu}.{k}")
+    for name, table in (("efficiency", p.efficiency), ("oef", p.oef)):
+        for k, v in table.items():
+            if not _is_num(v):
+                raise InvalidInputError(f"must be a number, got {v!r}", field=f"{name}.{k}")
+    if not _is_num(p.link_efficiency):
+        raise InvalidInputError(f"must be a number, got {p.link_efficiency!r}", field="link_efficiency")
+    if not _is_num(p.runtime_reserve_bytes) or p.runtime_reserve_bytes < 0:
+        raise InvalidInputError(f"must be a non-negative number of bytes, got {p.runtime_reserve_bytes!r}",
+                                field="runtime_reserve_bytes")
 
 
 DEFAULT_PROFILE = Profile()
@@ -112,6 +167,8 @@ def load_profile(path: str | Path | None) -> Profile:
         data = json.loads(p.read_text())
     except FileNotFoundError:
         raise InvalidInputError("file not found", source=str(p)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInputError(f"cannot read file ({err})", source=str(p)) from None
     except json.JSONDecodeError as err:
         raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=str(p)) from None
     return Profile.from_dict(data, source=str(p))

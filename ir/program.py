@@ -226,6 +226,10 @@ class SliceEntry:
     lo: int
     hi: int
     group: str
+    weights: tuple[float, ...] = ()  # per group member (group rank order): factor applied before the SUM
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +296,7 @@ class Program:
                         "leg": s.leg} for s in self.stages],
             "groups": [{"name": g.name, "ranks": list(g.ranks)} for g in self.groups],
             "grad_sync": {b: [{"param": e.param, "dim": e.dim, "lo": e.lo, "hi": e.hi, "group": e.group}
+                              | ({"weights": list(e.weights)} if e.weights else {})
                               for e in entries] for b, entries in self.grad_sync.items()},
             "ranks": [{"rank": r.rank, "node": r.node, "gpu": r.gpu, "capacity_bytes": r.capacity_bytes,
                        "state_bytes": r.state_bytes} for r in self.ranks],
@@ -330,7 +335,7 @@ class Program:
                 )
             except KeyError as err:
                 raise InvalidInputError("missing required field", field=str(err.args[0])) from None
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, AttributeError) as err:
                 if isinstance(err, InvalidInputError):
                     raise
                 raise InvalidInputError(f"malformed entry ({err})") from None

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from .plan import Plan
 
-__all__ = ["SlicePiece", "slice_pieces"]
+__all__ = ["SlicePiece", "cut_unit", "slice_pieces"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,9 +49,13 @@ def slice_pieces(plan: Plan) -> list[SlicePiece]:
     units = ["embedding", *(f"layer.{i}" for i in range(plan.problem.model.layers)), "head"]
     pieces: list[SlicePiece] = []
     for unit in units:
-        holders = _holders(plan, unit)
-        cuts = sorted({Fraction(i, len(g)) for g in holders for i in range(len(g) + 1)})
-        for lo, hi in itertools.pairwise(cuts):
-            gpus = tuple(g[int(lo * len(g))] for g in holders)
-            pieces.append(SlicePiece(unit=unit, lo=lo, hi=hi, gpus=gpus))
+        pieces += cut_unit(unit, _holders(plan, unit))
     return pieces
+
+
+def cut_unit(unit: str, holders: list[tuple[int, ...]]) -> list[SlicePiece]:
+    """Cut ``unit`` at the union of the shard boundaries i/t of its holders (one TP group per
+    pipeline, GPUs in TP-rank order); each piece lists the one GPU per pipeline that holds it."""
+    cuts = sorted({Fraction(i, len(g)) for g in holders for i in range(len(g) + 1)})
+    return [SlicePiece(unit=unit, lo=lo, hi=hi, gpus=tuple(g[int(lo * len(g))] for g in holders))
+            for lo, hi in itertools.pairwise(cuts)]

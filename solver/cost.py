@@ -17,7 +17,9 @@ __all__ = [
     "LayerCost",
     "Link",
     "activation_bytes_per_layer",
+    "boundary_bytes",
     "cluster_link",
+    "collective_steps",
     "collective_time",
     "gpu_peak_flops",
     "head_activation_bytes",
@@ -85,15 +87,24 @@ def ring_factor(op_class: OpClass, n: int) -> float:
     return (n - 1) / n
 
 
+def collective_steps(op_class: OpClass, n: int) -> int:
+    """Latency terms (α) of a ring collective over ``n`` GPUs: 2(n−1) for all-reduce, n−1 for
+    AG/RS, 1 for a point-to-point message."""
+    if op_class is OpClass.SEND_RECV:
+        return 1
+    return 2 * (n - 1) if op_class is OpClass.ALL_REDUCE else max(n - 1, 0)
+
+
 def collective_time(op_class: OpClass, n: int, payload_bytes: float, link: Link,
                     profile: Profile = DEFAULT_PROFILE) -> float:
     """α–β time of a ring collective over ``n`` GPUs whose slowest link is ``link``:
-    steps·α + ring_factor·S/β_eff, with 2(n−1) steps for all-reduce and n−1 for AG/RS."""
+    steps·α·a_c + ring_factor·S/(β·link_efficiency·b_c), with :func:`collective_steps` steps and
+    the profile's per-class factors (a_c, b_c) = ``profile.link_factors(class)`` (1, 1 by default)."""
     if n <= 1 and op_class is not OpClass.SEND_RECV:
         return 0.0
-    steps = 1 if op_class is OpClass.SEND_RECV else (2 * (n - 1) if op_class is OpClass.ALL_REDUCE else n - 1)
-    bw = link.bandwidth * profile.link_efficiency
-    return steps * link.latency + ring_factor(op_class, n) * payload_bytes / bw
+    bw_factor, alpha_factor = profile.link_factors(op_class.value)
+    bw = link.bandwidth * profile.link_efficiency * bw_factor
+    return collective_steps(op_class, n) * link.latency * alpha_factor + ring_factor(op_class, n) * payload_bytes / bw
 
 
 def p2p_time(payload_bytes: float, link: Link, profile: Profile = DEFAULT_PROFILE) -> float:
@@ -188,10 +199,13 @@ def activation_bytes_per_layer(model: ModelConfig, train: TrainingConfig, tp: in
     none:      s·b·h·(34 + 5·a·s/h)/t with TP+SP; s·b·h·(10 + 24/t + 5·a·s/(h·t)) with TP only
     selective: 34·s·b·h/t with SP; s·b·h·(10 + 24/t) without
     full:      2·s·b·h (the layer input checkpoint), /t with SP
+
+    The constants count 16-bit activations (bf16/fp16, the default dtype); an fp32 run scales them
+    by dtype_bytes/2 (dropout masks, 1 byte each in the paper, are scaled too: a slight overcount).
     """
     s, b, h, a, t = train.seq_len, train.micro_batch, model.hidden, model.heads, tp
     sp = train.sequence_parallel and t > 1
-    sbh = s * b * h
+    sbh = s * b * h * train.dtype_bytes / 2
     if train.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
     if train.recompute == "selective":
@@ -202,9 +216,10 @@ def activation_bytes_per_layer(model: ModelConfig, train: TrainingConfig, tp: in
 
 
 def head_activation_bytes(model: ModelConfig, train: TrainingConfig, tp: int) -> float:
-    """Activations of the final norm, LM head and loss for one micro-batch: 4·s·b·h·(1 + V/h)/t."""
+    """Activations of the final norm, LM head and loss for one micro-batch: 4·s·b·h·(1 + V/h)/t
+    (16-bit activations; scaled by dtype_bytes/2 like :func:`activation_bytes_per_layer`)."""
     s, b, h, V = train.seq_len, train.micro_batch, model.hidden, model.vocab
-    return 4.0 * s * b * h * (1 + V / h) / tp
+    return 4.0 * s * b * h * (1 + V / h) / tp * train.dtype_bytes / 2
 
 
 def inflight_microbatches(schedule: str, stage: int, num_stages: int, micro_batches: int) -> int:
@@ -241,8 +256,12 @@ def wshape_pipeline_time(stage_times: list[float], savings: list[float], micro_b
 def stage_edge_cost(model: ModelConfig, train: TrainingConfig, link: Link,
                     profile: Profile = DEFAULT_PROFILE) -> float:
     """Seconds to move one boundary tensor (b·s·h activations or gradients) between two stages."""
-    payload = train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
-    return p2p_time(payload, link, profile)
+    return p2p_time(boundary_bytes(model, train), link, profile)
+
+
+def boundary_bytes(model: ModelConfig, train: TrainingConfig) -> int:
+    """Bytes of one boundary tensor between pipeline stages: b·s·h elements of the training dtype."""
+    return train.micro_batch * train.seq_len * model.hidden * train.dtype_bytes
 
 
 def cluster_link(cluster: Cluster, node_a: int, node_b: int) -> Link:

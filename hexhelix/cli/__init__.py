@@ -18,6 +18,16 @@ COMMANDS = [
     "demo",
     "ir",
     "gpus",
+    "plan",
+    "compare",
+    "evaluate",
+    "solve",
+    "profile",
+    "pair",
+    "compile",
+    "validate",
+    "show",
+    "simulate",
 ]
 
 
@@ -32,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: Exception) -> str:
+    """The error message folded onto one line (the CLI promises exactly one line on stderr)."""
+    return " ".join(str(err).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -40,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (InvalidInputError, UnsupportedError) as err:
-        print(f"hexhelix {args.command}: error: {err}", file=sys.stderr)
+        print(f"hexhelix {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except HexhelixError as err:
-        print(f"hexhelix {args.command}: error: {err}", file=sys.stderr)
+        print(f"hexhelix {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"hexhelix {args.command}: interrupted", file=sys.stderr)

@@ -45,7 +45,12 @@ def resolve_cluster_path(spec: str) -> Path:
 
 def load_inputs(args: argparse.Namespace) -> tuple[Cluster | None, ModelConfig, TrainingConfig, Profile]:
     """Build (cluster, model, training, profile) from parsed flags; errors name the flag or file."""
-    model = load_model(args.model)
+    try:
+        model = load_model(args.model)
+    except InvalidInputError as err:
+        if err.source is None:  # a bad preset name, not a file: name the flag
+            raise InvalidInputError(err.message, field="--model") from None
+        raise
     cluster = load_cluster(resolve_cluster_path(args.cluster)) if getattr(args, "cluster", None) else None
     try:
         training = TrainingConfig(global_batch=args.global_batch, micro_batch=args.micro_batch,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hexhelix.ir.document import build_ir
+from hexhelix.ir.errors import InvalidInputError
 
 from .common import add_model_args, load_inputs
 
@@ -26,13 +28,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cluster, model, training, _ = load_inputs(args)
     assert cluster is not None
+    if args.sp and args.no_sp:
+        raise InvalidInputError("--sp and --no-sp contradict each other; give one", field="--sp")
     for t in args.tp or []:
-        model.check_tp(t)
+        try:
+            model.check_tp(t)
+        except InvalidInputError as err:
+            raise InvalidInputError(err.message, field="--tp") from None
     doc = build_ir(cluster, model, training, tps=args.tp, sequence_parallel=True if args.sp else None)
     text = doc.to_json()
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as err:
+            raise InvalidInputError(f"cannot write the IR ({err.strerror})", source=args.output) from None
         print(f"wrote {args.output} ({len(doc.layer_graphs)} layer graphs, {cluster.num_gpus} GPUs)",
               file=sys.stderr)
     else:

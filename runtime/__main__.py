@@ -1,0 +1,150 @@
+"""Entry point: ``torchrun --nproc-per-node N -m hexhelix.runtime program.json [--steps K]
+[--seed S] [--check-reference] [--save DIR] [--resume DIR] [--timeout SEC]``.
+
+Bad input (a missing or corrupt program, a world size that differs from the launch, a checkpoint of
+another run) fails at start with one line on stderr and exit status 2, before any process group
+exists, so nothing waits on a rank that has already left. A failing instruction exits 1 with the
+rank, step, program counter and the surrounding grid; a hang exits 3 through the watchdog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hexhelix.ir.errors import HexhelixError, InvalidInputError, UnsupportedError
+from hexhelix.ir.program import Program
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import DATASETS
+from .refcheck import Tolerance, compare_with_reference
+from .torch_exec import Executor, RunOptions
+from .torch_groups import RankContext, create_groups, pick_backend
+from .torch_model import OptimConfig
+from .watchdog import Watchdog
+
+logger = logging.getLogger("hexhelix.runtime")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hexhelix.runtime",
+                                description="Replay a compiled hexhelix program with PyTorch (run under torchrun).")
+    p.add_argument("program", help="program JSON written by the compiler (hexhelix.program/1)")
+    p.add_argument("--steps", type=int, default=1, help="optimizer steps to run (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data (default 0)")
+    p.add_argument("--data", choices=DATASETS, default="text",
+                   help="bundled byte-level text (default) or uniform synthetic tokens")
+    p.add_argument("--lr", type=float, default=OptimConfig().lr, help=f"AdamW learning rate (default {OptimConfig().lr:g})")
+    p.add_argument("--check-reference", action="store_true",
+                   help="compare every step's loss and the final parameters with a single-process run")
+    p.add_argument("--save", metavar="DIR", help="write every rank's model and optimizer state to DIR at the end")
+    p.add_argument("--resume", metavar="DIR", help="start from the state in DIR (written by --save)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one instruction may take before the watchdog reports a hang (default 300)")
+    p.add_argument("--sequential", action="store_true",
+                   help="run the two halves of a PAIR one after the other instead of co-executing them")
+    p.add_argument("--fault", help=argparse.SUPPRESS)  # testing hook RANK:STEP:PC (that rank dies there)
+    return p
+
+
+def _setup_logging(rank: int, verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr, force=True,
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+
+
+def _load(args: argparse.Namespace, world: int) -> Program:
+    if args.steps < 1:
+        raise InvalidInputError(f"must be >= 1, got {args.steps}", field="--steps")
+    if not args.timeout > 0:
+        raise InvalidInputError(f"must be positive, got {args.timeout}", field="--timeout")
+    program = Program.load(args.program)
+    if program.world_size != world:
+        raise InvalidInputError(
+            f"the program is compiled for {program.world_size} ranks but {world} were launched; run "
+            f"torchrun --nproc-per-node {program.world_size} -m hexhelix.runtime {args.program}",
+            source=args.program, field="world_size")
+    return program
+
+
+def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one rank; returns the process exit status."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(argv)
+    rank, world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    _setup_logging(rank, bool(env.get("HEXHELIX_DEBUG")))
+    try:
+        program = _load(args, world)
+        fault = tuple(int(x) for x in args.fault.split(":")) if args.fault else None
+        opts = RunOptions(seed=args.seed, dataset=args.data, optim=OptimConfig(lr=args.lr),
+                          co_execute=not args.sequential, fault=fault,
+                          capture_grads=args.check_reference)  # type: ignore[arg-type]
+    except (InvalidInputError, UnsupportedError) as err:
+        print(f"hexhelix.runtime: error: {err}", file=sys.stderr)
+        return 2
+    if program.training.dtype != "fp32":
+        logger.warning("the program asks for %s; the torch runtime computes in fp32", program.training.dtype)
+    backend, device = pick_backend()
+    if device.type == "cuda":
+        device = torch.device("cuda", int(env.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=args.timeout)
+    if "MASTER_ADDR" in env:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    else:  # a plain `python -m hexhelix.runtime` of a 1-rank program
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    store = dist.distributed_c10d._get_default_store() if "MASTER_ADDR" in env else None
+    watchdog = Watchdog(rank, program, args.timeout, store=store).start()
+    try:
+        ctx = RankContext(rank=rank, program=program, device=device, backend=backend, timeout=timeout)
+        watchdog.enter(-1, 0, "<create groups>")
+        create_groups(ctx)
+        ex = Executor(ctx, opts, watchdog)
+        start = 0
+        if args.resume:
+            start = load_checkpoint(args.resume, rank=rank, program=program, seed=args.seed,
+                                    params=ex.params, optimizer=ex.optimizer)
+        local = []
+        for step in range(start, start + args.steps):
+            local.append(ex.run_step(step))
+        ex.close()
+        watchdog.enter(start + args.steps, len(ex.instrs), "<gather losses>")
+        losses = torch.tensor(local, dtype=torch.float64)
+        dist.all_reduce(losses)  # head TP-rank-0 ranks hold their micro-batch sums; others 0
+        losses = (losses / program.training.num_micro_batches).tolist()
+        if args.save:
+            save_checkpoint(args.save, rank=rank, program=program, steps_done=start + args.steps,
+                            seed=args.seed, params=ex.params, optimizer=ex.optimizer)
+        if rank == 0:
+            for i, loss in enumerate(losses):
+                print(f"step {start + i}: loss {loss:.6f}", flush=True)
+        status = 0
+        if args.check_reference:
+            watchdog.idle()  # rank 0 trains the reference meanwhile; the others wait for its verdict
+            ok, report = compare_with_reference(ex, losses, start=start, tol=Tolerance())
+            if rank == 0:
+                print(report, flush=True)
+            status = 0 if ok else 1
+        watchdog.stop()
+        dist.destroy_process_group()
+        return status
+    except (InvalidInputError, UnsupportedError) as err:
+        print(f"hexhelix.runtime: rank {rank}: error: {err}", file=sys.stderr, flush=True)
+        os._exit(2)  # peers see the closed connection and stop; no teardown handshake to hang in
+    except HexhelixError as err:
+        print(f"hexhelix.runtime: error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)
+    except Exception as err:  # a peer's death surfaces as a gloo RuntimeError outside an instruction
+        print(f"hexhelix.runtime: rank {rank}: error: {type(err).__name__}: {str(err).splitlines()[0]}",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

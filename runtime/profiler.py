@@ -1,0 +1,480 @@
+"""The profiler: measure this machine and write a :class:`~hexhelix.ir.profile.Profile`
+(schema ``hexhelix.profile/1``) that the cost model reads.
+
+What is measured (each a median over ``repeats`` after ``warmup`` runs):
+
+* the machine's peak dense GEMM rate (square GEMMs of growing size) and its memory bandwidth
+  (a large tensor copy) — on a CPU these *are* the "GPU type" and go to ``gpu_overrides``;
+* every compute op of one transformer layer (:func:`hexhelix.ir.opgraph.build_layer_graph`) and
+  of the embedding/head at the sizes the plan uses (model, micro-batch, sequence length, each TP
+  degree), as the equivalent torch kernel; the efficiency of an op class is the graph's own work
+  (FLOPs for GEMM/attention, bytes for norm/elementwise) divided by peak × measured time, summed
+  over the class, so the cost model's ``op.flops / (peak × eff)`` reproduces the measured sum;
+* collectives and point-to-point messages over gloo/NCCL (:mod:`.profiler_comm`), fitted to the
+  cost model's α–β form, and the overlap factor (OEF, DHelix Eq. 1) of each compute class with
+  each communication class; compute with compute is measured with two threads (CPU) or two CUDA
+  streams; on a single GPU communication is stood in for by a copy on a second stream.
+
+The runtime may not import the solver, so the cost model's ring step count and ring factor reach
+:func:`calibrate` as arguments (the CLI passes ``hexhelix.solver.cost``'s functions).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.model import ModelConfig, TrainingConfig
+from hexhelix.ir.opgraph import OpClass
+from hexhelix.ir.profile import Profile
+
+from .profiler_comm import (
+    COLLECTIVES,
+    CommSpec,
+    fit_alpha_beta,
+    group_fit_rows,
+    oef,
+    run_comm_profile,
+)
+from .profiler_kernels import layer_kernels, make_kernel
+
+__all__ = ["Measurements", "ProfileOptions", "calibrate", "local_cluster", "measure", "profile_machine",
+           "time_fn"]
+
+logger = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+_COMPUTE_CLASSES = ("gemm", "attention", "norm", "elementwise")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOptions:
+    """What to measure. ``quick`` shrinks sizes and repeats for tests and smoke runs."""
+
+    model: ModelConfig
+    training: TrainingConfig
+    tp_degrees: tuple[int, ...] = (1, 2)
+    nproc: int = 2
+    backend: str = "gloo"
+    quick: bool = False
+    warmup: int = 3
+    repeats: int = 9
+    threads: int = 1          # torch threads per rank: 1 is what torchrun gives each rank (OMP_NUM_THREADS=1); 0 keeps torch's default
+    gpu_type: str | None = None
+    seed: int = 0
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("gloo", "nccl"):
+            raise InvalidInputError(f"must be gloo or nccl, got {self.backend!r}", field="--backend")
+        if self.nproc < 1:
+            raise InvalidInputError(f"must be at least 1, got {self.nproc}", field="--nproc")
+        if self.warmup < 0 or self.repeats < 1:
+            raise InvalidInputError("warm-up must be ≥ 0 and repeats ≥ 1", field="--repeats")
+        for t in self.tp_degrees:
+            self.model.check_tp(t)
+
+    @property
+    def cuda(self) -> bool:
+        return self.backend == "nccl"
+
+    @property
+    def dtype(self) -> str:
+        """Compute dtype of the kernels: bf16 on CUDA, fp32 on CPU (what the runtime uses there)."""
+        return "bf16" if self.cuda else "fp32"
+
+
+# ----------------------------------------------------------------------------- timing
+def time_fn(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None] | None = None,
+            min_run_s: float = 2e-3) -> float:
+    """Median seconds of one call of ``fn``.
+
+    Calls are batched so one timed run lasts at least ``min_run_s`` (a 5 µs kernel is timed as
+    a few hundred back-to-back calls, not against the timer's resolution); ``sync`` (e.g.
+    ``torch.cuda.synchronize``) closes every timed run.
+    """
+    sync = sync or (lambda: None)
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, min(10_000, math.ceil(min_run_s / one)))
+    samples: list[float] = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync()
+        if i >= warmup:
+            samples.append((time.perf_counter() - t0) / inner)
+    return float(statistics.median(samples))
+
+
+# ----------------------------------------------------------------------------- compute side
+@dataclass(slots=True)
+class Measurements:
+    """Raw measurements; :func:`calibrate` turns them into a Profile."""
+
+    device: str
+    gpu_type: str
+    backend: str
+    peak_flops: float = 0.0
+    mem_Bps: float = 0.0
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    comm: dict[str, Any] = field(default_factory=dict)
+    oef: dict[str, dict[str, float]] = field(default_factory=dict)
+    reserve_bytes: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _device_names(opts: ProfileOptions) -> tuple[str, str]:
+    """(human description, GPU-type name for the cluster file)."""
+    import torch
+
+    if opts.cuda:
+        if not torch.cuda.is_available():
+            raise InvalidInputError("--backend nccl needs a CUDA device; this machine has none "
+                                    "(use --backend gloo)", field="--backend")
+        name = torch.cuda.get_device_name(0)
+        return name, opts.gpu_type or _catalog_name(name)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"CPU {cpu} ({torch.get_num_threads()} torch threads)", opts.gpu_type or "cpu"
+
+
+def _catalog_name(device_name: str) -> str:
+    """Map ``torch.cuda.get_device_name`` (``NVIDIA H200``) to a catalog row when one matches."""
+    from hexhelix.ir.catalog import CATALOG, lookup_gpu
+
+    short = device_name.replace("NVIDIA", "").strip()
+    hit = lookup_gpu(short) or lookup_gpu(short.replace(" ", "-"))
+    if hit:
+        return hit.name
+    for row in CATALOG:
+        if row.split("-")[0] in short.split():
+            return row
+    return short.replace(" ", "-")
+
+
+def measure_compute(opts: ProfileOptions, progress: Progress) -> Measurements:
+    """Peak GEMM rate, memory bandwidth and every op of the layer at each TP degree."""
+    import torch
+
+    if opts.threads > 0:
+        torch.set_num_threads(opts.threads)
+    desc, gtype = _device_names(opts)
+    device = torch.device("cuda", 0) if opts.cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if opts.cuda else None
+    m = Measurements(device=desc, gpu_type=gtype, backend=opts.backend)
+    w, r = (1, 3) if opts.quick else (opts.warmup, opts.repeats)
+    sizes = ((256, 512) if opts.quick else (512, 1024, 2048)) if not opts.cuda else (
+        (2048, 4096) if opts.quick else (4096, 8192))
+    for n in sizes:
+        progress(f"profile: peak GEMM {n}x{n}x{n} ({opts.dtype})")
+        t = time_fn(make_kernel(("gemm", n, n, n, "nn"), device, opts.dtype, seed=opts.seed),
+                    warmup=w, repeats=r, sync=sync)
+        m.peak_flops = max(m.peak_flops, 2.0 * n**3 / t)
+    nbytes = (64 if opts.quick else 256) * 2**20 * (4 if opts.cuda else 1)  # well beyond caches
+    progress(f"profile: memory bandwidth (copy of {nbytes / 2**20:.0f} MiB)")
+    t = time_fn(make_kernel(("copy", nbytes), device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync)
+    m.mem_Bps = 2.0 * nbytes / t  # read + write
+    for tp in opts.tp_degrees:
+        kernels = layer_kernels(opts.model, opts.training, tp)
+        progress(f"profile: {len(kernels)} compute ops of {opts.model.name} at TP {tp}")
+        for op, spec in kernels:
+            t = time_fn(make_kernel(spec, device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync)
+            m.ops.append({"tp": tp, "name": op.name, "class": op.op_class.value, "flops": op.flops,
+                          "mem_bytes": op.mem_bytes, "seconds": t})
+    m.meta["compute_dtype"] = opts.dtype
+    m.meta["torch_threads"] = torch.get_num_threads()
+    return m
+
+
+def _pick_oef_kernels(opts: ProfileOptions) -> tuple[tuple[str, tuple], ...]:
+    """One representative kernel per compute class: its longest op at the largest TP degree."""
+    tp = max(opts.tp_degrees)
+    best: dict[str, tuple[float, tuple]] = {}
+    for op, spec in layer_kernels(opts.model, opts.training, tp):
+        cls = op.op_class.value
+        work = op.flops if op.op_class in (OpClass.GEMM, OpClass.ATTENTION) else op.mem_bytes
+        if cls in _COMPUTE_CLASSES and work > best.get(cls, (-1.0, ()))[0]:
+            best[cls] = (work, spec)
+    return tuple((c, best[c][1]) for c in _COMPUTE_CLASSES if c in best)
+
+
+def measure_local_overlap(opts: ProfileOptions, progress: Progress) -> dict[str, dict[str, Any]]:
+    """OEF of compute with compute (two threads on CPU, two streams on CUDA) and, on one GPU,
+    of compute with a device-to-host copy on a side stream (stand-in for communication)."""
+    import torch
+
+    device = torch.device("cuda", 0) if opts.cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if opts.cuda else None
+    w, r = (1, 3) if opts.quick else (opts.warmup, opts.repeats)
+    picks = _pick_oef_kernels(opts)
+    progress(f"profile: overlap of compute with compute ({len(picks)} classes)")
+    out: dict[str, dict[str, Any]] = {}
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexhelix-oef")
+    target = 2e-3 if opts.quick else 5e-3
+
+    def segment(fn: Callable[[], Any]) -> tuple[Callable[[], None], int]:
+        """``fn`` repeated so one call lasts about ``target`` seconds (launch overheads of a
+        side thread or stream then stay small against the work that overlaps)."""
+        reps = max(1, min(10_000, round(target / time_fn(fn, warmup=1, repeats=3, sync=sync))))
+
+        def run() -> None:
+            for _ in range(reps):
+                fn()
+        return run, reps
+
+    def concurrent(fa: Callable[[], Any], fb: Callable[[], Any]) -> Callable[[], None]:
+        if opts.cuda:
+            sa, sb = torch.cuda.Stream(), torch.cuda.Stream()
+
+            def run() -> None:
+                with torch.cuda.stream(sa):
+                    fa()
+                with torch.cuda.stream(sb):
+                    fb()
+            return run
+
+        def run_cpu() -> None:
+            fut = pool.submit(fb)
+            fa()
+            fut.result()
+        return run_cpu
+
+    def measure_pair(key: str, fa: Callable[[], Any], fb: Callable[[], Any]) -> None:
+        (sa, ra), (sb, rb) = segment(fa), segment(fb)
+        ta = time_fn(sa, warmup=w, repeats=r, sync=sync)
+        tb = time_fn(sb, warmup=w, repeats=r, sync=sync)
+        tab = time_fn(concurrent(sa, sb), warmup=w, repeats=r, sync=sync)
+        out[key] = {"oef": oef(ta, tb, tab), "t_a": ta, "t_b": tb, "t_ab": tab, "reps": [ra, rb]}
+
+    for i, (ca, sa) in enumerate(picks):
+        for cb, sb in picks[i:]:
+            measure_pair(f"{ca}|{cb}", make_kernel(sa, device, opts.dtype, seed=opts.seed),
+                         make_kernel(sb, device, opts.dtype, seed=opts.seed + 1))
+    if opts.cuda and torch.cuda.device_count() < 2:
+        # One GPU: overlap with a copy to pinned host memory on a side stream stands in for a
+        # collective (it shares memory bandwidth but not SMs, so it is an optimistic proxy).
+        nbytes = opts.training.micro_batch * opts.training.seq_len * opts.model.hidden * 2
+        host = torch.empty(nbytes // 2, dtype=torch.bfloat16, pin_memory=True)
+        dev = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+        copy = lambda: host.copy_(dev, non_blocking=True)  # noqa: E731
+        progress("profile: overlap of compute with a copy stream (one GPU)")
+        for ca, sa in picks:
+            measure_pair(f"{ca}|send_recv", make_kernel(sa, device, opts.dtype, seed=opts.seed), copy)
+            for comm in COLLECTIVES:
+                out[f"{ca}|{comm}"] = dict(out[f"{ca}|send_recv"], proxy="copy stream")
+            out[f"{ca}|send_recv"]["proxy"] = "copy stream"
+    pool.shutdown()
+    return out
+
+
+# ----------------------------------------------------------------------------- calibration
+StepsFn = Callable[[str, int], float]
+
+
+def _reference_peaks(m: Measurements) -> tuple[float, float, bool]:
+    """(peak FLOP/s, memory B/s, override?) the efficiencies are relative to: the catalog's
+    datasheet numbers for a known GPU, else the measured peak and bandwidth (CPU, unknown GPU)."""
+    from hexhelix.ir.catalog import lookup_gpu
+
+    row = lookup_gpu(m.gpu_type) if m.backend == "nccl" else None
+    if row is not None:
+        return row.peak_flops, row.mem_GBps * 1e9, False
+    return m.peak_flops, m.mem_Bps, True
+
+
+def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
+              base: Profile | None = None) -> Profile:
+    """Turn raw measurements into the cost model's Profile.
+
+    Parameters
+    ----------
+    m : what :func:`measure` returned.
+    steps, factor : ``steps(op_class, n)`` and ``factor(op_class, n)`` of the cost model's
+        collective formula T = steps·α + factor·S/β (``hexhelix.solver.cost.collective_steps``
+        and ``ring_factor``); the fitted α, β are therefore in the cost model's own units.
+    base : profile whose unmeasured fields are kept (default: the documented defaults).
+
+    Returns
+    -------
+    Profile with ``per_gpu_efficiency[gpu_type]``, ``gpu_overrides[gpu_type]`` (CPU or a GPU not
+    in the catalog), ``links`` (per collective class: ``bw_factor``/``alpha_factor`` relative to
+    the measured point-to-point link, whose α and β go to the cluster file, see
+    :func:`local_cluster`), ``link_efficiency`` 1.0 when links were measured, measured OEF
+    entries, ``runtime_reserve_bytes`` and ``meta`` with every raw table.
+    """
+    base = base or Profile()
+    peak, mem, override = _reference_peaks(m)
+    eff: dict[str, float] = {}
+    for cls in _COMPUTE_CLASSES:
+        rows = [o for o in m.ops if o["class"] == cls]
+        if not rows:
+            continue
+        flop_bound = cls in ("gemm", "attention")
+        work = sum(o["flops"] if flop_bound else o["mem_bytes"] for o in rows)
+        secs = sum(o["seconds"] for o in rows)
+        e = work / ((peak if flop_bound else mem) * secs)
+        if not 1e-4 <= e <= 1.5:
+            logger.warning("measured %s efficiency %.4g clamped to [1e-4, 1.5]", cls, e)
+        eff[cls] = min(1.5, max(1e-4, e))
+    overrides = dict(base.gpu_overrides)
+    if override:
+        overrides[m.gpu_type] = {"tflops": m.peak_flops / 1e12, "mem_GBps": m.mem_Bps / 1e9}
+    meta: dict[str, Any] = dict(m.meta)
+    meta.update({"backend": m.backend, "gpu_type": m.gpu_type, "measured_peak_tflops": m.peak_flops / 1e12,
+                 "measured_mem_GBps": m.mem_Bps / 1e9, "ops": m.ops})
+    links, link_eff = dict(base.links), base.link_efficiency
+    if m.comm:
+        meta["comm_samples"] = m.comm["collectives"] + m.comm["send_recv"]
+        fits, failed = _fit_links(m.comm, steps, factor)
+        p2p = fits.get("send_recv")
+        if p2p is None:
+            logger.warning("point-to-point fit failed (%s); link fields keep their defaults", failed["send_recv"])
+        else:
+            a_ref = max(p2p.alpha_s, 1e-7)  # a 0.1 µs floor keeps the latency factors finite
+            for c, f in fits.items():
+                links[c] = {"bw_factor": f.beta_Bps / p2p.beta_Bps, "alpha_factor": f.alpha_s / a_ref}
+            link_eff = 1.0
+            meta["cluster_link"] = {"intra_GBps": p2p.beta_Bps / 1e9, "intra_latency_us": a_ref * 1e6}
+        meta["link_fit"] = {c: f.to_dict() for c, f in fits.items()} | {c: {"error": e} for c, e in failed.items()}
+    oef_table = dict(base.oef)
+    for key, row in m.oef.items():
+        oef_table[key] = row["oef"]
+    meta["oef_measured"] = m.oef
+    return Profile(device=m.device, efficiency=dict(base.efficiency),
+                   per_gpu_efficiency={**base.per_gpu_efficiency, m.gpu_type: eff}, gpu_overrides=overrides,
+                   link_efficiency=link_eff, links=links, oef=oef_table,
+                   runtime_reserve_bytes=m.reserve_bytes if m.reserve_bytes is not None else base.runtime_reserve_bytes,
+                   meta=meta)
+
+
+def _fit_links(comm: dict[str, Any], steps: StepsFn, factor: StepsFn) -> tuple[dict[str, Any], dict[str, str]]:
+    """α–β fit per communication class in the cost model's form; classes whose data cannot be
+    fitted (noise with no bandwidth trend) are reported, not fatal."""
+    series = {"send_recv": (comm["send_recv"], lambda n: 1.0, lambda n: 1.0)}
+    for c in COLLECTIVES:
+        series[c] = ([s for s in comm["collectives"] if s["op"] == c],
+                     lambda n, c=c: steps(c, n), lambda n, c=c: factor(c, n))
+    fits, failed = {}, {}
+    for c, (samples, st, fa) in series.items():
+        try:
+            fits[c] = fit_alpha_beta(group_fit_rows(samples, st, fa))
+        except InvalidInputError as err:
+            failed[c] = err.message
+            logger.warning("%s: no α–β fit (%s); the class keeps the default factors", c, err.message)
+    return fits, failed
+
+
+def local_cluster(profile: Profile, *, count: int, memory_gib: float, name: str = "local") -> dict[str, Any]:
+    """A one-node cluster mapping for this machine: its measured "GPU type" (the CPU, or a GPU
+    not in the catalog) under ``gpu_types`` and the measured point-to-point link as the
+    intra-node link. With it and the profile, the cost model predicts runs on this machine."""
+    gtype = profile.meta.get("gpu_type", "cpu")
+    link = profile.meta.get("cluster_link", {})
+    over = profile.gpu_overrides.get(gtype)
+    out: dict[str, Any] = {"name": name}
+    if over:
+        out["gpu_types"] = {gtype: {"tflops": round(over["tflops"], 6), "memory_gib": memory_gib,
+                                    "mem_GBps": round(over["mem_GBps"], 3),
+                                    "source": f"measured by hexhelix profile on {profile.device}"}}
+    node: dict[str, Any] = {"name": name, "gpu": gtype, "count": count}
+    if link:
+        node["intra_GBps"] = round(link["intra_GBps"], 4)
+        node["intra_latency_us"] = round(link["intra_latency_us"], 3)
+    out["nodes"] = [node]
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+def _versions(opts: ProfileOptions) -> dict[str, Any]:
+    import sys
+
+    import torch
+
+    v: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
+                         "platform": platform.platform(), "host": platform.node()}
+    try:
+        from importlib.metadata import version
+
+        v["hexhelix"] = version("hexhelix")
+    except Exception:
+        v["hexhelix"] = "unknown"
+    if opts.cuda:
+        v["cuda"] = torch.version.cuda
+        v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    else:
+        v["gloo"] = "bundled with torch " + torch.__version__
+    return v
+
+
+def _cuda_reserve() -> int:
+    """CUDA context and library workspace: device memory in use that the allocator does not own."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free - torch.cuda.memory_reserved())
+
+
+def measure(opts: ProfileOptions, *, progress: Progress | None = None) -> Measurements:
+    """Run every measurement :class:`ProfileOptions` asks for (compute, overlap, communication)."""
+    progress = progress or (lambda msg: logger.info(msg))
+    t0 = time.perf_counter()
+    m = measure_compute(opts, progress)
+    m.oef.update(measure_local_overlap(opts, progress))
+    if opts.cuda:
+        m.reserve_bytes = _cuda_reserve()
+    can_comm = opts.nproc >= 2
+    if opts.cuda:
+        import torch
+
+        can_comm = can_comm and torch.cuda.device_count() >= opts.nproc
+    if can_comm:
+        tp = max(opts.tp_degrees)
+        payload = opts.training.micro_batch * opts.training.seq_len * opts.model.hidden * \
+            (2 if opts.dtype != "fp32" else 4)
+        sizes = (2**10, 2**18, 2**22) if opts.quick else tuple(4**k for k in range(5, 13))
+        spec = CommSpec(nproc=opts.nproc, backend=opts.backend, sizes=sizes, warmup=1 if opts.quick else opts.warmup,
+                        repeats=3 if opts.quick else opts.repeats, dtype=opts.dtype, oef_bytes=max(payload, 4096),
+                        oef_compute=_pick_oef_kernels(opts), threads=opts.threads, timeout_s=opts.timeout_s,
+                        seed=opts.seed)
+        raw = run_comm_profile(spec, progress=progress)
+        m.comm = {"collectives": raw["collectives"], "send_recv": raw["send_recv"]}
+        m.oef.update(raw["oef"])
+        if not opts.cuda:
+            m.reserve_bytes = int(raw["rss_after_init"])
+        m.meta["oef_tp_degree"] = tp
+    else:
+        m.meta["comm"] = "not measured (fewer than 2 ranks/devices); link fields keep their defaults"
+    m.meta.update({"versions": _versions(opts), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "elapsed_s": time.perf_counter() - t0,
+                   "options": {"model": opts.model.name, "seq_len": opts.training.seq_len,
+                               "micro_batch": opts.training.micro_batch, "dtype_accounting": opts.training.dtype,
+                               "tp_degrees": list(opts.tp_degrees), "nproc": opts.nproc, "quick": opts.quick,
+                               "warmup": opts.warmup, "repeats": opts.repeats, "seed": opts.seed},
+                   "reserve_method": ("CUDA context: total - free - allocator reserved" if opts.cuda else
+                                      "RSS of a rank after torch import and process-group init"
+                                      if can_comm else "not measured (default kept)")})
+    return m
+
+
+def profile_machine(opts: ProfileOptions, *, steps: StepsFn, factor: StepsFn,
+                    progress: Progress | None = None) -> Profile:
+    """Measure this machine and return the calibrated Profile (see :func:`calibrate`)."""
+    return calibrate(measure(opts, progress=progress), steps=steps, factor=factor)

@@ -1,0 +1,89 @@
+"""CP-SAT (OR-Tools) backend of the exact heterogeneous planner.
+
+:func:`solve_cpsat_model` solves one backend-neutral :class:`~.plan_formulation.LinearModel` (the
+formulation of ``docs/formulation.md``: all variables integer, times in integer ticks);
+:func:`plan_cpsat` runs the whole exact method (loop over the pipeline count, warm start, sync cuts)
+with this backend. Status mapping is one tested function, :func:`map_cpsat_status`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+
+from .plan_formulation import BackendOutcome, LinearModel
+from .result import SolveResult
+
+__all__ = ["map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
+
+
+def map_cpsat_status(status_name: str, has_solution: bool) -> str:
+    """CP-SAT's status → ours. OPTIMAL: proven (within the gap limit, 0 here); FEASIBLE: a solution,
+    search stopped early (time limit) → "timeout"; INFEASIBLE: proven; UNKNOWN: stopped with no
+    solution → "timeout"; MODEL_INVALID or anything else → "error".
+
+    >>> map_cpsat_status("FEASIBLE", True)
+    'timeout'
+    """
+    if status_name == "OPTIMAL":
+        return "optimal"
+    if status_name == "FEASIBLE":
+        return "timeout" if has_solution else "error"
+    if status_name == "INFEASIBLE":
+        return "infeasible"
+    if status_name == "UNKNOWN":
+        return "timeout"
+    return "error"
+
+
+def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, int] | None = None,
+                      seed: int = 0, workers: int = 1, log: bool = False) -> BackendOutcome:
+    """Solve ``lin`` with CP-SAT. One worker (the default) is deterministic for a fixed seed."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    v = [m.new_int_var(lb, ub, name) for name, lb, ub in zip(lin.names, lin.lb, lin.ub)]
+    for coefs, sense, rhs, _name in lin.rows:
+        expr = sum(c * v[i] for i, c in coefs.items())
+        if sense == "<=":
+            m.add(expr <= rhs)
+        elif sense == ">=":
+            m.add(expr >= rhs)
+        else:
+            m.add(expr == rhs)
+    m.minimize(sum(c * v[i] for i, c in lin.objective.items()))
+    for i, val in (hint or {}).items():
+        m.add_hint(v[i], int(val))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
+    solver.parameters.random_seed = int(seed)
+    solver.parameters.num_workers = max(1, int(workers))
+    solver.parameters.log_search_progress = bool(log)
+    lines: list[str] = []
+    if log:
+        solver.log_callback = lines.append
+    code = solver.solve(m)
+    name = solver.status_name(code)
+    has = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    status = map_cpsat_status(name, has)
+    values = [float(solver.value(x)) for x in v] if has else None
+    obj = solver.objective_value if has else None
+    bound = solver.best_objective_bound if status in ("optimal", "timeout") else None
+    if status == "optimal":
+        bound = obj
+    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log="\n".join(lines))
+
+
+def plan_cpsat(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
+               time_limit: float | None = None, **options: Any) -> SolveResult:
+    """The exact planner with CP-SAT (see :func:`.exact_plan.solve_exact` for ``options``)."""
+    from .exact_plan import solve_exact
+
+    def backend(lin: LinearModel, tl: float, hint: dict[int, int] | None) -> BackendOutcome:
+        return solve_cpsat_model(lin, time_limit=tl, hint=hint, seed=seed, workers=options.get("workers", 1),
+                                 log=options.get("log", False))
+
+    return solve_exact(problem, backend, solver="cpsat", seed=seed, profile=profile, time_limit=time_limit,
+                       options=options)

@@ -1,0 +1,225 @@
+"""The exact heterogeneous planner: decomposition over the pipeline count P, a warm start from the
+heuristics, and logic-based Benders cuts that make the gradient-sync term exact.
+
+For every P = 1 … P_max (P_max from memory: each pipeline needs GPUs holding the whole model state)
+the P-pipeline model of :mod:`.plan_formulation` is solved by a backend (CP-SAT, CBC or HiGHS).
+Its objective is exact for pipeline time and optimizer time and a valid lower bound for gradient
+sync; each solution is decoded and scored by the one evaluator, and if the evaluator's time exceeds
+the model's (sync underestimated) an exact no-good cut for that structure is added and the model
+re-solved. The model value is a lower bound for every plan with P pipelines, so
+
+    bound = min_P (backend bound of the last solve for P),   incumbent = best evaluated plan,
+
+and the result is called optimal only when every P was solved to proven optimality (or proven unable
+to beat the incumbent) and the gap is within the rounding of the integer time scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hexhelix.ir.plan import Plan, PlanProblem
+from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+
+from . import cost
+from .candidates import CostTables, build_tables, memory_shortfall
+from .evaluate import Evaluation, evaluate
+from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
+from .result import SolveResult, SolveStatus
+
+__all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "solve_exact"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIME_LIMIT = 60.0
+TICKS_AT_RATE_BOUND = 1e9   # integer time scale: the total-work bound maps to 1e9 ticks
+Backend = Callable[[LinearModel, float, "dict[int, int] | None"], BackendOutcome]
+
+
+def min_gpus_per_pipeline(tables: CostTables) -> int:
+    """Fewest GPUs any pipeline can use: the largest memories (less the runtime reserve) must hold
+    the model states (16 B/param by default) — a valid bound; activations only raise it."""
+    pb = tables.problem
+    need = cost.model_state_bytes(pb.model.total_params, 1, pb.training)
+    reserve = tables.profile.runtime_reserve_bytes
+    mems = sorted((pb.cluster.gpu_of_node(n).memory_bytes - reserve for n, node in enumerate(pb.cluster.nodes)
+                   for _ in range(node.count)), reverse=True)
+    total = 0.0
+    for k, mem in enumerate(mems, 1):
+        total += max(mem, 0)
+        if total >= need:
+            return k
+    return len(mems) + 1
+
+
+def max_pipelines(tables: CostTables) -> int:
+    """P_max = min(micro-batches, GPUs // fewest GPUs per pipeline)."""
+    pb = tables.problem
+    return max(0, min(pb.training.num_micro_batches, pb.cluster.num_gpus // min_gpus_per_pipeline(tables)))
+
+
+def _warm_start_plans(problem: PlanProblem, seed: int, profile: Profile, options: dict[str, Any],
+                      budget: float) -> list[Plan]:
+    plans: list[Plan] = []
+    if options.get("initial_plan") is not None:
+        plans.append(options["initial_plan"])
+    if options.get("warm_start", True):
+        from .solve import solve  # lazy: solve imports this module's callers
+
+        for name in options.get("warm_start_methods", ("hexiscale", "megatron")):
+            res = solve(problem, name, seed=seed, profile=profile, time_limit=budget)
+            if res.plan is not None and res.evaluation is not None and res.evaluation.feasible:
+                plans.append(res.plan)
+            else:
+                logger.info("warm start %s gave no plan: %s", name, res.reason or res.status)
+    return plans
+
+
+def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: int = 0,
+                profile: Profile = DEFAULT_PROFILE, time_limit: float | None = None,
+                options: dict[str, Any] | None = None) -> SolveResult:
+    """Run the exact method with ``backend``.
+
+    Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics hints the
+    model and cuts off worse plans), ``initial_plan`` (a Plan used the same way), ``max_pipelines``
+    (cap P; the bound is then only over the P explored and the result cannot be optimal),
+    ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
+    ``workers``, ``log``.
+    """
+    opts = dict(options or {})
+    t0 = time.monotonic()
+    limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
+    deadline = t0 + limit
+    params = {"seed": seed, "time_limit": limit, **{k: v for k, v in opts.items() if k != "initial_plan"}}
+
+    def result(status: SolveStatus, plan: Plan | None, ev: Evaluation | None, bound: float | None,
+               reason: str = "", log: str = "", objective: float = math.inf) -> SolveResult:
+        return SolveResult(solver=solver, status=status, plan=plan, evaluation=ev, objective_s=objective,
+                           bound_s=bound, solve_time_s=time.monotonic() - t0, reason=reason, params=params,
+                           log=log)
+
+    tables = build_tables(problem, profile)
+    short = memory_shortfall(tables)
+    pmax = max_pipelines(tables)
+    if short or pmax < 1:
+        return result(SolveStatus.INFEASIBLE, None, None, None,
+                      short or "memory: no group of GPUs can hold the model states of "
+                                f"{problem.model.name}; see `hexhelix gpus` for capacities")
+    best: tuple[Plan, Evaluation] | None = None
+    for plan in _warm_start_plans(problem, seed, profile, opts, budget=min(10.0, 0.25 * limit)):
+        ev = evaluate(plan, profile)
+        if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
+            best = (plan, ev)
+    rate = tables.gpu_rate_bound()
+    scale = TICKS_AT_RATE_BOUND / rate
+    L, M, N = problem.model.layers, problem.training.num_micro_batches, problem.cluster.num_gpus
+    gmin = min_gpus_per_pipeline(tables)
+    cap = int(opts.get("max_pipelines") or pmax)
+    p_values = list(range(1, min(pmax, cap) + 1))
+    if best is not None and len(best[0].pipelines) in p_values:  # the incumbent's P first: best cutoff early
+        p_values.remove(len(best[0].pipelines))
+        p_values.insert(0, len(best[0].pipelines))
+    gap_tol = float(opts.get("gap_tol", 1e-6))
+    bounds: dict[int, float] = {}
+    proven: dict[int, bool] = {}
+    logs: list[str] = []
+    iterations = 0
+    models: dict[int, Any] = {}
+    seen: dict[int, set[tuple[int, ...]]] = {}
+    while True:  # passes over the unproven pipeline counts until all are proven or time is up
+        todo = [P for P in p_values if not proven.get(P, False)]
+        if not todo or deadline - time.monotonic() <= 0.05:
+            break
+        progress_made = False
+        for idx, P in enumerate(todo):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.05:
+                break
+            p_deadline = time.monotonic() + remaining / (len(todo) - idx)
+            ub = best[1].iteration_time_s if best else None
+            if P not in models:
+                K = max(1, min(L, N - (P - 1) * gmin))
+                models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub)
+                seen[P] = set()
+                bounds[P], proven[P] = rate, False
+            elif ub is not None:
+                models[P].lin.add(dict(models[P].lin.objective), "<=", int(math.ceil(ub * scale)), "cutoff_pass")
+            pm = models[P]
+            hint = pm.encode(best[0]) if best else None
+            while True:
+                left = p_deadline - time.monotonic()
+                if left <= 0.05:
+                    break
+                out = backend(pm.lin, left, hint)
+                iterations += 1
+                if out.log:
+                    logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
+                if out.status == "infeasible":
+                    bounds[P] = ub if ub is not None else math.inf
+                    proven[P] = True
+                    break
+                if out.bound is not None:
+                    bounds[P] = max(bounds[P], rate, out.bound / scale)
+                if out.values is None:
+                    break
+                plan = pm.decode(out.values)
+                ev = evaluate(plan, profile)
+                if not ev.feasible:  # would be a modelling bug: say so loudly, never return it
+                    logger.error("model solution violates the evaluator: %s", "; ".join(ev.violations))
+                    break
+                if best is None or ev.iteration_time_s < best[1].iteration_time_s:
+                    best = (plan, ev)
+                    ub = ev.iteration_time_s
+                    pm.lin.add(dict(pm.lin.objective), "<=", int(math.ceil(ub * scale)), f"cutoff_{iterations}")
+                true_ticks = ev.iteration_time_s * scale
+                key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
+                slack = true_ticks - (out.objective or 0.0)
+                if P > 1 and slack > _rounding_ticks(M, pm.max_stages, L) + gap_tol * true_ticks \
+                        and key not in seen[P]:
+                    seen[P].add(key)
+                    pm.add_sync_cut(out.values, ev.grad_sync_s)
+                    hint = pm.encode(best[0])
+                    continue
+                proven[P] = out.status == "optimal"
+                break
+            progress_made = progress_made or proven[P]
+            logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
+        if not progress_made and deadline - time.monotonic() <= 0.05:
+            break
+    explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
+    lower = min([bounds.get(P, rate) for P in range(1, pmax + 1)], default=rate)
+    params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
+                   "sync_cuts": sum(pm.cuts for pm in models.values()), "ticks_per_second": scale})
+    log = "\n".join(logs)
+    if best is None:
+        if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
+            return result(SolveStatus.INFEASIBLE, None, None, None,
+                          "memory: no placement fits every stage in GPU memory at micro-batch "
+                          f"{problem.training.micro_batch}, seq-len {problem.training.seq_len}", log)
+        return result(SolveStatus.TIMEOUT, None, None, lower if math.isfinite(lower) else None,
+                      f"no plan found within the time limit of {limit:g} s", log)
+    plan, ev = best
+    plan = Plan(problem=plan.problem, pipelines=plan.pipelines, meta={**plan.meta, "solver": solver})
+    bound = min(lower, ev.iteration_time_s)
+    gap = (ev.iteration_time_s - bound) / ev.iteration_time_s
+    tol = gap_tol + _rounding_ticks(M, max(1, min(L, N)), L) / (ev.iteration_time_s * scale)
+    unproven = [P for P in range(1, pmax + 1) if not proven.get(P, False)]
+    if explored_all and not unproven and gap <= tol:
+        status, reason = SolveStatus.OPTIMAL, ""
+    elif unproven:
+        status = SolveStatus.TIMEOUT
+        reason = (f"time limit {limit:g} s: pipeline counts {unproven} of 1..{pmax} not proven "
+                  f"(gap {gap:.2%})")
+    else:
+        status, reason = SolveStatus.FEASIBLE, f"stopped with gap {gap:.2%} (not proven)"
+    return result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
+
+
+def _rounding_ticks(M: int, K: int, L: int) -> float:
+    """Ticks the floored coefficients can lose on one plan: (m−1)·U and Σu lose < 1 tick per
+    layer-coefficient and per fixed term of each stage, plus sync and optimizer terms."""
+    return float((M + K + 2) * (L + 4))

@@ -1,0 +1,183 @@
+"""MILP backend (PuLP with CBC or HiGHS) of the exact heterogeneous planner.
+
+The same backend-neutral :class:`~.plan_formulation.LinearModel` the CP-SAT backend solves is
+written as a PuLP problem (time variables continuous: with integer coefficients their optimum is
+integral anyway) and solved by CBC (``PULP_CBC_CMD``) or HiGHS (``pulp.HiGHS``, in process through
+highspy). Each backend's status is mapped in one tested function, because PuLP's own ``status``
+says "Optimal" for a CBC incumbent stopped by the time limit (only ``sol_status`` tells) and its
+HiGHS class hides the time limit behind the same code; we read HiGHS's own model status instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from hexhelix.ir.errors import SolverError
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+
+from .plan_formulation import BackendOutcome, LinearModel
+from .result import SolveResult
+
+__all__ = ["map_cbc_status", "map_highs_status", "plan_milp", "solve_milp_model", "to_pulp"]
+
+BACKENDS = ("cbc", "highs")
+
+
+def map_cbc_status(status: int, sol_status: int) -> str:
+    """PuLP/CBC (``prob.status``, ``prob.sol_status``) → ours.
+
+    (1, 1) proven optimal; (1, 2) an integer solution but not proven (CBC stopped on its time
+    limit; PuLP still says status Optimal) → "timeout"; (0, 0) stopped without a solution →
+    "timeout"; (-1, -1) infeasible; anything else → "error".
+
+    >>> map_cbc_status(1, 2)
+    'timeout'
+    """
+    if status == 1 and sol_status == 1:
+        return "optimal"
+    if status == 1 and sol_status == 2:
+        return "timeout"
+    if status == 0 and sol_status == 0:
+        return "timeout"
+    if status == -1:
+        return "infeasible"
+    return "error"
+
+
+def map_highs_status(model_status: str, has_solution: bool) -> str:
+    """HiGHS ``HighsModelStatus`` name (e.g. ``kOptimal``) → ours: kOptimal optimal; kInfeasible
+    infeasible; kTimeLimit/kIterationLimit/kInterrupt/kSolutionLimit/kObjectiveBound → "timeout"
+    (with or without an incumbent); everything else → "error".
+
+    >>> map_highs_status("kTimeLimit", True)
+    'timeout'
+    """
+    name = model_status.split(".")[-1]
+    if name == "kOptimal":
+        return "optimal"
+    if name in ("kInfeasible", "kUnboundedOrInfeasible"):
+        return "infeasible"
+    if name in ("kTimeLimit", "kIterationLimit", "kInterrupt", "kSolutionLimit", "kObjectiveBound",
+                "kObjectiveTarget"):
+        return "timeout"
+    return "error"
+
+
+def to_pulp(lin: LinearModel, name: str = "hexhelix_plan") -> tuple[Any, list[Any]]:
+    """The PuLP problem and its variables for ``lin`` (``export_model``: ``prob.writeLP(path)``)."""
+    import pulp
+
+    prob = pulp.LpProblem(name, pulp.LpMinimize)
+    v = [pulp.LpVariable(n.replace("[", "_").replace("]", "").replace(",", "_"), lowBound=lb, upBound=ub,
+                         cat="Integer" if integer else "Continuous")
+         for n, lb, ub, integer in zip(lin.names, lin.lb, lin.ub, lin.integer)]
+    prob += pulp.lpSum(c * v[i] for i, c in lin.objective.items())
+    for k, (coefs, sense, rhs, rname) in enumerate(lin.rows):
+        expr = pulp.lpSum(c * v[i] for i, c in coefs.items())
+        cname = f"c{k}_" + re.sub(r"[^A-Za-z0-9_]", "_", rname)
+        if sense == "<=":
+            prob += (expr <= rhs, cname)
+        elif sense == ">=":
+            prob += (expr >= rhs, cname)
+        else:
+            prob += (expr == rhs, cname)
+    return prob, v
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1 (HiGHS prints its banner from C++ even with output off), so that
+    ``--json`` output on stdout stays one clean JSON document."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+_CBC_BOUND = re.compile(r"(?:Lower bound|Best possible|best possible)[:\s]+(-?[0-9.eE+]+)")
+
+
+def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
+                     hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
+    """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
+    (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line)."""
+    import pulp
+
+    if backend not in BACKENDS:
+        raise SolverError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    prob, v = to_pulp(lin)
+    tl = max(1.0, float(time_limit))
+    if hint:
+        for i, val in hint.items():
+            v[i].setInitialValue(val)
+    text = ""
+    if backend == "cbc":
+        fd, path = tempfile.mkstemp(suffix=".log", prefix="hexhelix_cbc_")
+        os.close(fd)
+        try:
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=gap_rel, warmStart=bool(hint), logPath=path,
+                                       threads=1, options=[f"randomSeed {seed + 1}", "integerT 1e-9"])
+            if not solver.available():
+                raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
+            prob.solve(solver)
+            with open(path) as fh:
+                text = fh.read()
+        finally:
+            os.unlink(path)
+        status = map_cbc_status(prob.status, prob.sol_status)
+        has = prob.sol_status in (1, 2)
+        obj = pulp.value(prob.objective) if has else None
+        bound = obj if status == "optimal" else None
+        if status == "timeout":
+            found = _CBC_BOUND.findall(text)
+            if found:
+                bound = float(found[-1])
+    else:
+        solver = pulp.HiGHS(msg=log, timeLimit=tl, gapRel=gap_rel, threads=1, random_seed=seed,
+                            mip_feasibility_tolerance=1e-9)
+        if not solver.available():
+            raise SolverError("HiGHS is not available (pip install highspy)")
+        with _quiet_stdout():
+            prob.solve(solver)
+        h = prob.solverModel
+        info = h.getInfo()
+        has = info.primal_solution_status == 2
+        status = map_highs_status(str(h.getModelStatus()), has)
+        obj = info.objective_function_value if has else None
+        bound = info.mip_dual_bound if status in ("optimal", "timeout") else None
+        if bound is not None and not math.isfinite(bound):
+            bound = None
+        if status == "optimal" and bound is None:
+            bound = obj
+    values = [float(x.varValue or 0.0) for x in v] if has else None
+    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log=text if log else "")
+
+
+def plan_milp(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
+              time_limit: float | None = None, backend: str = "highs", **options: Any) -> SolveResult:
+    """The exact planner as a MILP with ``backend`` cbc or highs (options: see ``solve_exact``)."""
+    from .exact_plan import solve_exact
+
+    if backend not in BACKENDS:
+        raise SolverError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+
+    def run(lin: LinearModel, tl: float, hint: dict[int, int] | None) -> BackendOutcome:
+        return solve_milp_model(lin, backend=backend, time_limit=tl, seed=seed, hint=hint,
+                                log=options.get("log", False))
+
+    return solve_exact(problem, run, solver=f"milp-{backend}", seed=seed, profile=profile,
+                       time_limit=time_limit, options={**options, "backend": backend})

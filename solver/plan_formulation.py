@@ -1,0 +1,333 @@
+"""The joint heterogeneous-plan formulation for a fixed pipeline count P, as one backend-neutral
+integer-linear model that both CP-SAT (:mod:`.cpsat_plan`) and PuLP/CBC/HiGHS (:mod:`.milp_plan`)
+solve, so the two backends answer the same question. The math is in ``docs/formulation.md``.
+
+All times are integer *ticks* (``scale`` ticks per second); every cost coefficient is rounded
+**down**, so the model's value of any plan is at most its evaluator time: the model is a relaxation
+and its bound is a valid lower bound. Gradient synchronisation is represented by a valid lower bound
+per stage plus exact *no-good cuts* added lazily by :mod:`.exact_plan` (logic-based Benders).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hexhelix.ir.plan import PipelinePlan, Plan, StagePlan
+
+from .candidates import CostTables, identical_node_groups
+
+__all__ = ["BackendOutcome", "LinearModel", "PlanModel", "build_plan_model"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendOutcome:
+    """What a backend reports for one solve of a :class:`LinearModel`, in ticks.
+
+    ``status``: "optimal" (proven), "timeout" (limit hit; ``values`` is the incumbent or None),
+    "feasible" (stopped otherwise, not proven), "infeasible" (proven) or "error".
+    ``bound`` is the backend's proven lower bound on the objective (None when it gives none)."""
+
+    status: str
+    values: list[float] | None
+    objective: float | None
+    bound: float | None
+    log: str = ""
+
+
+@dataclass
+class LinearModel:
+    """Variables with integer bounds, linear constraints with integer coefficients, a minimised
+    objective. ``integer[i]`` False marks variables a MILP may keep continuous (their optimum is
+    integral anyway because every coefficient is an integer); CP-SAT makes every variable integer."""
+
+    names: list[str] = field(default_factory=list)
+    lb: list[int] = field(default_factory=list)
+    ub: list[int] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[dict[int, int], str, int, str]] = field(default_factory=list)
+    objective: dict[int, int] = field(default_factory=dict)
+
+    def var(self, name: str, lb: int, ub: int, integer: bool = True) -> int:
+        self.names.append(name)
+        self.lb.append(int(lb))
+        self.ub.append(int(max(lb, ub)))
+        self.integer.append(integer)
+        return len(self.names) - 1
+
+    def add(self, coefs: dict[int, int], sense: str, rhs: int, name: str) -> None:
+        """Add Σ coefs·x (sense) rhs with sense one of '<=', '>=', '=='."""
+        clean = {i: int(c) for i, c in coefs.items() if c}
+        self.rows.append((clean, sense, int(rhs), name))
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.names)
+
+
+@dataclass
+class PlanModel:
+    """A built model plus the handles needed to decode a solution and to add cuts."""
+
+    tables: CostTables
+    pipelines: int
+    max_stages: int
+    scale: float
+    lin: LinearModel
+    x: dict[tuple[int, int, int], int]
+    y: dict[tuple[int, int, int], int]
+    mb: dict[tuple[int, int], int]
+    lay: dict[tuple[int, int, int], int]
+    t_sync: int
+    cuts: int = 0
+
+    def ticks(self, seconds: float) -> int:
+        """Seconds to ticks, rounded down (keeps the model a relaxation)."""
+        return int(math.floor(seconds * self.scale))
+
+    # ----------------------------------------------------------------- decoding / encoding
+    def decode(self, values: list[float]) -> Plan:
+        """Turn a solution vector into a validated Plan; GPUs are handed out per node in order."""
+        pb = self.tables.problem
+        cl = pb.cluster
+        free = {n: list(cl.node_gpus(n)) for n in range(len(cl.nodes))}
+        pipes = []
+        for p in range(self.pipelines):
+            stages, start = [], 0
+            for k in range(self.max_stages):
+                for c, opt in enumerate(self.tables.options):
+                    if values[self.x[p, k, c]] > 0.5:
+                        layers = int(round(values[self.y[p, k, c]]))
+                        gpus = tuple(free[opt.node][: opt.tp])
+                        del free[opt.node][: opt.tp]
+                        stages.append(StagePlan(node=opt.node, gpus=gpus, layers=(start, start + layers)))
+                        start += layers
+            m = 1 + sum(int(round(values[i])) for (q, _), i in self.mb.items() if q == p)
+            pipes.append(PipelinePlan(stages=tuple(stages), micro_batches=m))
+        return Plan(problem=pb, pipelines=tuple(pipes))
+
+    def encode(self, plan: Plan) -> dict[int, int] | None:
+        """Values of the structural variables (x, y, mb, lay) that represent ``plan`` (pipelines
+        sorted by micro-batches, as the symmetry breaking wants); None if it does not fit this model."""
+        if len(plan.pipelines) != self.pipelines:
+            return None
+        index = {(o.node, o.tp): o.index for o in self.tables.options}
+        vals = {i: 0 for i in (*self.x.values(), *self.y.values(), *self.mb.values(), *self.lay.values())}
+        order = sorted(plan.pipelines, key=lambda pp: -pp.micro_batches)
+        for p, pipe in enumerate(order):
+            if len(pipe.stages) > self.max_stages:
+                return None
+            for k, st in enumerate(pipe.stages):
+                c = index.get((st.node, st.tp))
+                if c is None:
+                    return None
+                vals[self.x[p, k, c]] = 1
+                vals[self.y[p, k, c]] = st.num_layers
+                for j in range(1, st.num_layers + 1):
+                    if (p, k, j) in self.lay:
+                        vals[self.lay[p, k, j]] = 1
+            for v in range(2, pipe.micro_batches + 1):
+                if (p, v) not in self.mb:
+                    return None
+                vals[self.mb[p, v]] = 1
+        return vals
+
+    def structure_vars(self) -> list[int]:
+        """Binary variables that fix every stage's node, TP degree and layer count."""
+        return [*self.x.values(), *self.lay.values()]
+
+    def add_sync_cut(self, values: list[float], sync_seconds: float) -> None:
+        """No-good cut T_sync ≥ σ(S)·(1 − D(z, S)) for the structure S of ``values``: exact when the
+        solution repeats S, void otherwise (D is the Hamming distance over the structure binaries)."""
+        sig = self.ticks(sync_seconds)
+        if sig <= 0:
+            return
+        ones = [i for i in self.structure_vars() if values[i] > 0.5]
+        zeros = [i for i in self.structure_vars() if values[i] <= 0.5]
+        coefs = {self.t_sync: 1}
+        for i in ones:
+            coefs[i] = -sig
+        for i in zeros:
+            coefs[i] = sig
+        self.lin.add(coefs, ">=", sig - sig * len(ones), f"sync_cut_{self.cuts}")
+        self.cuts += 1
+
+
+def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale: float,
+                     cutoff_s: float | None = None) -> PlanModel:
+    """Build the P-pipeline model (``pipelines`` = P, at most ``max_stages`` stages per pipeline)."""
+    pb = tables.problem
+    L, M = pb.model.layers, pb.training.num_micro_batches
+    C, P, K = len(tables.options), pipelines, max_stages
+    lin = LinearModel()
+    tk = lambda s: int(math.floor(s * scale))  # noqa: E731  (floor: the model stays a relaxation)
+
+    x = {(p, k, c): lin.var(f"x[{p},{k},{c}]", 0, 1) for p in range(P) for k in range(K) for c in range(C)}
+    y = {(p, k, c): lin.var(f"y[{p},{k},{c}]", 0, L) for p in range(P) for k in range(K) for c in range(C)}
+    mmax = M - (P - 1)
+    mb = {(p, v): lin.var(f"mb[{p},{v}]", 0, 1) for p in range(P) for v in range(2, mmax + 1)}
+    lay = ({(p, k, j): lin.var(f"lay[{p},{k},{j}]", 0, 1) for p in range(P) for k in range(K) for j in range(1, L + 1)}
+           if P > 1 else {})
+    stage_hi = _stage_time_cap(tables, tk)
+    horizon = max(stage_hi * (K + mmax), 1)
+    if cutoff_s is not None:
+        horizon = min(horizon, int(math.ceil(cutoff_s * scale)) + 1)
+    u_hi = min(stage_hi, horizon)
+    hl = {(p, k, c): lin.var(f"hl[{p},{k},{c}]", 0, 1, integer=False) for p in range(P) for k in range(K) for c in range(C)}
+    u = {(p, k): lin.var(f"u[{p},{k}]", 0, u_hi, integer=False) for p in range(P) for k in range(K)}
+    U = {p: lin.var(f"U[{p}]", 0, u_hi, integer=False) for p in range(P)}
+    w = {(p, v): lin.var(f"w[{p},{v}]", 0, u_hi, integer=False) for p in range(P) for v in range(2, mmax + 1)}
+    comm = {(p, k): lin.var(f"comm[{p},{k}]", 0, u_hi, integer=False) for p in range(P) for k in range(K - 1)}
+    t_hi = horizon if cutoff_s is not None else 2**40  # without a cutoff, leave room for sync and optimizer
+    t_pipe = lin.var("T_pipe", 0, t_hi, integer=False)
+    t_sync = lin.var("T_sync", 0, t_hi, integer=False)
+    t_opt = lin.var("T_opt", 0, t_hi, integer=False)
+    lin.objective = {t_pipe: 1, t_sync: 1, t_opt: 1}
+
+    def s(p: int, k: int) -> dict[int, int]:   # stage k of pipeline p is used
+        return {x[p, k, c]: 1 for c in range(C)} if k < K else {}
+
+    def last(p: int, k: int) -> dict[int, int]:  # stage k is the last one: s[k] − s[k+1]
+        d = dict(s(p, k))
+        for i, v in s(p, k + 1).items():
+            d[i] = d.get(i, 0) - v
+        return d
+
+    # -- assignment: each pipeline a prefix of used stages, one option per stage, node capacity
+    for p in range(P):
+        lin.add(s(p, 0), "==", 1, f"first_stage[{p}]")
+        for k in range(K):
+            lin.add(s(p, k), "<=", 1, f"one_option[{p},{k}]")
+            if k + 1 < K:
+                lin.add({**s(p, k), **{i: -1 for i in s(p, k + 1)}}, ">=", 0, f"prefix[{p},{k}]")
+    cl = pb.cluster
+    usage = {n: {x[p, k, o.index]: o.tp for p in range(P) for k in range(K) for o in tables.options if o.node == n}
+             for n in range(len(cl.nodes))}
+    for n, node in enumerate(cl.nodes):
+        if usage[n]:
+            lin.add(usage[n], "<=", node.count, f"capacity[{n}]")
+    # -- layers: y = layers of the stage if it uses option c; each pipeline holds all L layers
+    for p in range(P):
+        lin.add({y[p, k, c]: 1 for k in range(K) for c in range(C)}, "==", L, f"layers[{p}]")
+        for k in range(K):
+            for c in range(C):
+                lin.add({y[p, k, c]: 1, x[p, k, c]: -1}, ">=", 0, f"y_min[{p},{k},{c}]")
+                lin.add({y[p, k, c]: 1, x[p, k, c]: -L}, "<=", 0, f"y_max[{p},{k},{c}]")
+                row = {i: -v for i, v in last(p, k).items()}
+                row[x[p, k, c]] = row.get(x[p, k, c], 0) - 1
+                row[hl[p, k, c]] = 1
+                lin.add(row, ">=", -1, f"head_on[{p},{k},{c}]")  # hl ≥ x + last − 1
+            if lay:
+                lin.add({**{lay[p, k, j]: 1 for j in range(1, L + 1)}, **{y[p, k, c]: -1 for c in range(C)}}, "==", 0,
+                        f"unary_layers[{p},{k}]")
+                for j in range(1, L):
+                    lin.add({lay[p, k, j]: 1, lay[p, k, j + 1]: -1}, ">=", 0, f"unary_order[{p},{k},{j}]")
+    # -- micro-batches: unary m_p = 1 + Σ_v mb[p,v]; they sum to M; pipelines sorted by m (symmetry)
+    for p in range(P):
+        for v in range(2, mmax):
+            lin.add({mb[p, v]: 1, mb[p, v + 1]: -1}, ">=", 0, f"mb_order[{p},{v}]")
+        if p + 1 < P:
+            for v in range(2, mmax + 1):
+                lin.add({mb[p, v]: 1, mb[p + 1, v]: -1}, ">=", 0, f"sym_pipelines[{p},{v}]")
+    lin.add({i: 1 for i in mb.values()}, "==", M - P, "micro_batches")
+    _add_memory(lin, tables, x, y, mb, last, P, K, L)
+    # -- stage times u (ticks per micro-batch), boundary communication, pipeline time
+    nodes = len(cl.nodes)
+    for p in range(P):
+        for k in range(K):
+            row = {u[p, k]: 1}
+            for c, o in enumerate(tables.options):
+                row[y[p, k, c]] = -tk(tables.time_layer[c])
+                if k == 0:
+                    row[x[p, k, c]] = -tk(tables.time_first[c])
+                row[hl[p, k, c]] = -tk(tables.time_last[c])
+            if k + 1 < K:
+                row[comm[p, k]] = -1
+                for a in range(nodes):
+                    for b in range(nodes):
+                        cab = tk(tables.comm.get((a, b), 0.0))
+                        if cab > 0:
+                            xa = {x[p, k, o.index]: cab for o in tables.options if o.node == a}
+                            xb = {x[p, k + 1, o.index]: cab for o in tables.options if o.node == b}
+                            lin.add({comm[p, k]: 1, **{i: -v for i, v in {**xa, **xb}.items()}}, ">=", -cab,
+                                    f"comm[{p},{k},{a},{b}]")
+            lin.add(row, ">=", 0, f"stage_time[{p},{k}]")
+            lin.add({U[p]: 1, u[p, k]: -1}, ">=", 0, f"bottleneck[{p},{k}]")
+        for v in range(2, mmax + 1):  # w_v ≥ U − big·(1 − mb_v): Σ_v w_v = (m − 1)·U at integer points
+            lin.add({w[p, v]: 1, U[p]: -1, mb[p, v]: -u_hi}, ">=", -u_hi, f"ramp[{p},{v}]")
+        lin.add({t_pipe: 1, **{w[p, v]: -1 for v in range(2, mmax + 1)}, **{u[p, k]: -1 for k in range(K)}}, ">=", 0,
+                f"pipeline_time[{p}]")
+    # -- optimizer step and the gradient-sync lower bound, per stage
+    model = pb.model
+    for p in range(P):
+        for k in range(K):
+            for c in range(C):
+                orow = {t_opt: 1, y[p, k, c]: -tk(tables.opt_layer[c]), hl[p, k, c]: -tk(tables.opt_last[c])}
+                if k == 0:
+                    orow[x[p, k, c]] = -tk(tables.opt_first[c])
+                lin.add(orow, ">=", 0, f"optimizer[{p},{k},{c}]")
+                if P > 1:
+                    srow = {t_sync: 1, y[p, k, c]: -tk(tables.sync_layer_lb(c, P, model.params_per_layer)),
+                            hl[p, k, c]: -tk(tables.sync_layer_lb(c, P, model.head_params))}
+                    if k == 0:
+                        srow[x[p, k, c]] = -tk(tables.sync_layer_lb(c, P, model.embedding_params))
+                    lin.add(srow, ">=", 0, f"sync_bound[{p},{k},{c}]")
+    # -- valid inequalities and cutoff
+    lin.add({t_pipe: 1}, ">=", tk(tables.gpu_rate_bound()), "rate_bound")
+    if cutoff_s is not None:
+        lin.add(dict(lin.objective), "<=", int(math.ceil(cutoff_s * scale)), "cutoff")
+    _add_symmetry_breaking(lin, tables, usage)
+    return PlanModel(tables=tables, pipelines=P, max_stages=K, scale=scale, lin=lin, x=x, y=y, mb=mb, lay=lay,
+                     t_sync=t_sync)
+
+
+def _stage_time_cap(tables: CostTables, tk) -> int:
+    """Largest stage time (ticks) any stage can have: all layers, embedding, head and the slowest send."""
+    L = tables.layers
+    worst_comm = max(tables.comm.values(), default=0.0)
+    return max(tk(tables.time_layer[c]) * L + tk(tables.time_first[c]) + tk(tables.time_last[c])
+               for c in range(len(tables.options))) + tk(worst_comm) + 1
+
+
+def _add_memory(lin: LinearModel, tables: CostTables, x, y, mb, last, P: int, K: int, L: int) -> None:
+    """Memory per GPU ≤ capacity, as the evaluator checks it: for option c at a position (first,
+    last) holding v in-flight micro-batches the evaluator accepts at most Lmax(c, first, last, v)
+    layers. In-flight is min(K_p − k, m_p) under 1F1B (m_p under GPipe); the row for v is switched on
+    exactly when stage k+v−1 exists (1F1B) and m_p ≥ v, so the binding row is the true in-flight."""
+    sched = tables.problem.schedule
+    for p in range(P):
+        for k in range(K):
+            for c in range(len(tables.options)):
+                for is_last in (False, True):
+                    for v, lm in tables.inflight_values(c, k == 0, is_last):
+                        if sched == "1f1b" and k + v - 1 >= K:
+                            break
+                        lm = max(lm, 0)
+                        if lm >= L:
+                            continue
+                        if v > 1 and (p, v) not in mb:
+                            break
+                        row = {y[p, k, c]: 1, x[p, k, c]: L}
+                        rhs = lm + L
+                        if sched == "1f1b" and v > 1:
+                            for i in (x[p, k + v - 1, c2] for c2 in range(len(tables.options))):
+                                row[i] = row.get(i, 0) + L
+                            rhs += L
+                        if v > 1:
+                            row[mb[p, v]] = row.get(mb[p, v], 0) + L
+                            rhs += L
+                        if is_last:
+                            for i, coef in last(p, k).items():
+                                row[i] = row.get(i, 0) + L * coef
+                            rhs += L
+                        lin.add(row, "<=", rhs, f"memory[{p},{k},{c},{int(is_last)},{v}]")
+
+
+def _add_symmetry_breaking(lin: LinearModel, tables: CostTables, usage: dict[int, dict[int, int]]) -> None:
+    """Interchangeable nodes (same type, count and links): GPUs used on the earlier one ≥ on the later."""
+    for group in identical_node_groups(tables.problem):
+        for a, b in zip(group, group[1:]):
+            row = dict(usage[a])
+            for i, v in usage[b].items():
+                row[i] = row.get(i, 0) - v
+            lin.add(row, ">=", 0, f"sym_nodes[{a},{b}]")

@@ -1,0 +1,169 @@
+"""The profiler: α–β fitting, the OEF formula, kernels that match the op graph, calibration that
+the cost model reproduces, and a --quick profile on 2 gloo ranks that round-trips."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hexhelix.ir.cluster import load_cluster
+from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.opgraph import OpClass, build_layer_graph
+from hexhelix.ir.profile import Profile, load_profile
+from hexhelix.runtime.profiler import Measurements, calibrate, local_cluster
+from hexhelix.runtime.profiler_comm import fit_alpha_beta, oef
+from hexhelix.runtime.profiler_kernels import layer_kernels
+from hexhelix.solver import cost
+
+STEPS = lambda c, n: float(cost.collective_steps(OpClass(c), n))  # noqa: E731
+FACTOR = lambda c, n: cost.ring_factor(OpClass(c), n)  # noqa: E731
+
+
+# ----------------------------------------------------------------------------- fitting
+def test_fit_recovers_alpha_beta_exactly_without_noise():
+    alpha, beta = 35e-6, 1.7e9
+    rows = [(STEPS("all_reduce", n), FACTOR("all_reduce", n) * s,
+             STEPS("all_reduce", n) * alpha + FACTOR("all_reduce", n) * s / beta)
+            for n in (2, 3, 4) for s in (1e3, 1e4, 1e5, 1e6, 1e7)]
+    fit = fit_alpha_beta(rows)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-9)
+    assert fit.beta_Bps == pytest.approx(beta, rel=1e-9)
+    assert fit.rel_rms < 1e-9
+
+
+def test_fit_recovers_alpha_beta_with_seeded_noise():
+    rng = random.Random(7)
+    alpha, beta = 50e-6, 0.8e9
+    rows = [(1.0, s, (alpha + s / beta) * (1 + rng.gauss(0, 0.03))) for s in (4**k for k in range(5, 13))
+            for _ in range(5)]
+    fit = fit_alpha_beta(rows)
+    assert fit.alpha_s == pytest.approx(alpha, rel=0.1)
+    assert fit.beta_Bps == pytest.approx(beta, rel=0.05)
+    assert 0.01 < fit.rel_rms < 0.06
+
+
+def test_fit_clamps_negative_alpha_and_rejects_flat_data():
+    fit = fit_alpha_beta([(1.0, s, s / 1e9 * 1.01 if s > 1e5 else s / 1e9 * 0.99) for s in (1e4, 1e5, 1e6, 1e7)])
+    assert fit.alpha_s >= 0.0 and fit.beta_Bps == pytest.approx(1e9, rel=0.02)
+    with pytest.raises(InvalidInputError, match="no bandwidth term"):
+        fit_alpha_beta([(1.0, s, 1e-3) for s in (1e3, 1e6)] + [(1.0, 1e7, 0.9e-3)])
+    with pytest.raises(InvalidInputError, match="at least 2"):
+        fit_alpha_beta([(1.0, 1e3, 1e-3)])
+
+
+def test_oef_formula_dhelix_eq1():
+    assert oef(4.0, 2.0, 4.0) == 1.0          # shorter op fully hidden
+    assert oef(4.0, 2.0, 6.0) == 0.0          # serial
+    assert oef(4.0, 2.0, 5.0) == 0.5
+    assert oef(4.0, 2.0, 7.0) == -0.5         # contention: slower than serial
+    with pytest.raises(ValueError):
+        oef(0.0, 1.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- kernels
+@pytest.mark.parametrize("model", ["tiny", "llama2-7b", "llama2-70b"])
+@pytest.mark.parametrize("tp,sp", [(1, True), (2, True), (2, False), (4, True)])
+def test_kernels_cover_every_compute_op_with_matching_flops(model, tp, sp):
+    m = PRESETS[model]
+    tr = TrainingConfig(seq_len=64, global_batch=4, sequence_parallel=sp)
+    pairs = layer_kernels(m, tr, tp)
+    g = build_layer_graph(m, tr, tp)
+    compute = [o.name for o in g.ops if not o.op_class.is_comm]
+    names = [op.name for op, _ in pairs]
+    assert names[:len(compute)] == compute
+    assert {"embedding", "lm_head", "loss", "lm_head_bwd"} <= set(names)
+
+
+# ----------------------------------------------------------------------------- calibration
+def _synthetic_measurements(tiny) -> Measurements:
+    tr = TrainingConfig(seq_len=32, global_batch=4, dtype="fp32")
+    rng = random.Random(3)
+    m = Measurements(device="test CPU", gpu_type="cpu", backend="gloo", peak_flops=100e9, mem_Bps=20e9)
+    for tp in (1, 2):
+        for op, _ in layer_kernels(tiny, tr, tp):
+            m.ops.append({"tp": tp, "name": op.name, "class": op.op_class.value, "flops": op.flops,
+                          "mem_bytes": op.mem_bytes, "seconds": rng.uniform(1e-5, 1e-4)})
+    alpha, beta = 40e-6, 1e9
+    for c, bwf, af in (("all_reduce", 0.5, 2.0), ("all_gather", 0.8, 1.0), ("reduce_scatter", 0.7, 3.0)):
+        for n in (2, 3, 4):
+            for s in (1e3, 1e5, 1e7):
+                t = STEPS(c, n) * alpha * af + FACTOR(c, n) * s / (beta * bwf)
+                m.comm.setdefault("collectives", []).append({"op": c, "n": n, "bytes": s, "seconds": t})
+    m.comm["send_recv"] = [{"op": "send_recv", "n": 2, "bytes": s, "seconds": alpha + s / beta}
+                           for s in (1e3, 1e5, 1e7)]
+    m.oef = {"gemm|all_reduce": {"oef": 0.42, "t_a": 1.0, "t_b": 1.0, "t_ab": 1.58}}
+    m.reserve_bytes = 123 * 2**20
+    return m
+
+
+def test_calibrated_profile_reproduces_measurements_in_the_cost_model(tiny, tmp_path):
+    meas = _synthetic_measurements(tiny)
+    prof = calibrate(meas, steps=STEPS, factor=FACTOR)
+    # Round trip through the schema'd JSON.
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof.to_dict()))
+    back = load_profile(path)
+    assert back == prof and back.meta["gpu_type"] == "cpu"
+    # The cluster file names the measured type; with it, the cost model's time of every op class
+    # summed over the measured ops equals the measured sum.
+    cl_path = tmp_path / "c.yaml"
+    import yaml
+
+    cl_path.write_text(yaml.safe_dump(local_cluster(back, count=2, memory_gib=4.0)))
+    cl = load_cluster(cl_path)
+    gpu = cl.gpu_of_node(0)
+    tr = TrainingConfig(seq_len=32, global_batch=4, dtype="fp32")
+    for cls in ("gemm", "attention", "norm", "elementwise"):
+        measured = sum(o["seconds"] for o in meas.ops if o["class"] == cls)
+        predicted = sum(cost.op_time(op, gpu, None, back) for tp in (1, 2)
+                        for op, _ in layer_kernels(tiny, tr, tp) if op.op_class.value == cls)
+        assert predicted == pytest.approx(measured, rel=1e-9), cls
+    # Links: the fitted per-class factors reproduce the synthetic collectives exactly.
+    link = cost.cluster_link(cl, 0, 0)
+    for s in meas.comm["collectives"]:
+        t = cost.collective_time(OpClass(s["op"]), s["n"], s["bytes"], link, back)
+        assert t == pytest.approx(s["seconds"], rel=1e-6)
+    assert back.link_factors("all_reduce") == pytest.approx((0.5, 2.0))
+    assert back.overlap("all_reduce", "gemm") == 0.42
+    assert back.runtime_reserve_bytes == 123 * 2**20
+
+
+def test_profile_rejects_malformed_links():
+    with pytest.raises(InvalidInputError, match="links.bogus"):
+        Profile(links={"bogus": {"bw_factor": 1.0}})
+    with pytest.raises(InvalidInputError, match="links.all_reduce.bw_factor"):
+        Profile(links={"all_reduce": {"bw_factor": 0}})
+    assert Profile().link_factors("all_reduce") == (1.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.multirank
+def test_quick_profile_on_two_gloo_ranks_round_trips(tmp_path, capsys):
+    from hexhelix.cli import main
+
+    out, cl = tmp_path / "profile.json", tmp_path / "local.yaml"
+    rc = main(["profile", "--quick", "--nproc", "2", "--seq-len", "32", "--timeout", "90",
+               "-o", str(out), "--cluster-out", str(cl)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "compute ops of tiny at TP 2" in err and "point-to-point link" in err
+    prof = load_profile(out)
+    assert Profile.from_dict(prof.to_dict()) == prof
+    assert prof.meta["versions"]["torch"] and prof.meta["backend"] == "gloo"
+    assert set(prof.per_gpu_efficiency["cpu"]) == {"gemm", "attention", "norm", "elementwise"}
+    assert prof.gpu_overrides["cpu"]["tflops"] > 0 and prof.link_efficiency == 1.0
+    assert {"gemm|all_reduce", "gemm|gemm"} <= set(prof.meta["oef_measured"])
+    cluster = load_cluster(cl)
+    assert cluster.gpu_of_node(0).name == "cpu" and cluster.num_gpus == 2
+    assert cluster.gpu_of_node(0).tflops == pytest.approx(prof.gpu_overrides["cpu"]["tflops"], rel=1e-5)
+
+
+def test_profile_cli_rejects_bad_flags(capsys):
+    from hexhelix.cli import main
+
+    assert main(["profile", "--tp", "3", "--quick"]) == 2
+    assert "not divisible by TP degree 3" in capsys.readouterr().err
+    assert main(["profile", "--backend", "nccl", "--quick"]) in (0, 2)
