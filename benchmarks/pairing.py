@@ -23,7 +23,12 @@ from hexhelix.ir.catalog import CATALOG
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.pairing import dhelix_default_plan
 from hexhelix.solver.cost import Link
-from hexhelix.solver.pairing import lower_bound_s, score_pairing_plan, solve_pairing, solve_pairing_all
+from hexhelix.solver.pairing import (
+    lower_bound_s,
+    score_pairing_plan,
+    solve_pairing,
+    solve_pairing_all,
+)
 from hexhelix.solver.pairing_costs import build_pairing_problem
 
 README = Path(__file__).with_name("README.md")
@@ -35,8 +40,8 @@ NODES = {  # catalog GPU, intra-node link (GB/s), latency 5 us
 }
 FULL = [(g, m, tp, s) for g in NODES for m in ("llama2-13b", "llama2-70b") for tp in (2, 4, 8)
         for s in (4096, 8192, 16384, 32768)]
-REDUCED = [(g, "llama2-13b", tp, s) for g in NODES for tp in (2, 8) for s in (4096, 16384)] + \
-          [(g, "llama2-70b", 8, 4096) for g in NODES]
+REDUCED = [(g, "llama2-13b", tp, s) for g in NODES for tp in (2, 4, 8) for s in (4096, 16384)] + \
+          [(g, "llama2-70b", 8, s) for g in NODES for s in (4096, 32768)]
 
 
 def run_row(gpu_key: str, model: str, tp: int, seq: int, time_limit: float, workers: int) -> dict:

@@ -212,7 +212,8 @@ def _pick_oef_kernels(opts: ProfileOptions) -> tuple[tuple[str, tuple], ...]:
         work = op.flops if op.op_class in (OpClass.GEMM, OpClass.ATTENTION) else op.mem_bytes
         if cls in _COMPUTE_CLASSES and work > best.get(cls, (-1.0, ()))[0]:
             best[cls] = (work, spec)
-    return tuple((c, best[c][1]) for c in _COMPUTE_CLASSES if c in best)
+    classes = ("gemm",) if opts.quick else _COMPUTE_CLASSES  # --quick: the pairs that matter most
+    return tuple((c, best[c][1]) for c in classes if c in best)
 
 
 def measure_local_overlap(opts: ProfileOptions, progress: Progress) -> dict[str, dict[str, Any]]:

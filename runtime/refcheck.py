@@ -40,8 +40,8 @@ class Tolerance:
 
     loss_rtol: float = 1e-5
     loss_atol: float = 1e-6
-    grad_rtol: float = 1e-3
-    grad_atol: float = 1e-4
+    grad_rtol: float = 1e-4
+    grad_atol: float = 1e-5
     param_rtol: float = 1e-4
 
     def __str__(self) -> str:

@@ -91,22 +91,31 @@ class StageCostTable:
 
     def __init__(self, problem: PlanProblem, profile: Profile = DEFAULT_PROFILE):
         self.problem, self.profile = problem, profile
+        self._time: dict[tuple, tuple[float, float, float]] = {}
+        self._mem: dict[tuple, tuple[float, float]] = {}
         self._cache: dict[tuple, StageProbe] = {}
 
     def probe(self, node: int, tp: int, index: int, num_stages: int, micro_batches: int,
               next_node: int | None) -> StageProbe:
-        sched = self.problem.schedule
-        infl = cost.inflight_microbatches(sched, index, num_stages, micro_batches)
-        key = (node, tp, index == 0, index == num_stages - 1, next_node, infl)
+        """Time depends on (GPU, TP, end stage?, successor), memory on (GPU, TP, end stage?, in-flight
+        count); each half is cached on its own key (checked against the evaluator in the tests)."""
+        infl = cost.inflight_microbatches(self.problem.schedule, index, num_stages, micro_batches)
+        first, last = index == 0, index == num_stages - 1
+        key = (node, tp, first, last, next_node, infl)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        gpus = tuple(range(tp))
-        nxt = StagePlan(node=next_node, gpus=(0,), layers=(0, 1)) if next_node is not None else None
-        c0, c1 = (stage_cost(self.problem, StagePlan(node=node, gpus=gpus, layers=(0, n)), index, num_stages,
-                             micro_batches, nxt, self.profile) for n in (0, 1))
-        p = StageProbe(time0=c0.time, time1=c1.time - c0.time, mem0=c0.memory_bytes,
-                       mem1=c1.memory_bytes - c0.memory_bytes, capacity=c0.capacity_bytes)
+        tkey, mkey = (node, tp, first, last, next_node), (node, tp, first, last, infl)
+        if tkey not in self._time or mkey not in self._mem:
+            gpus = tuple(range(tp))
+            nxt = StagePlan(node=next_node, gpus=(0,), layers=(0, 1)) if next_node is not None else None
+            c0, c1 = (stage_cost(self.problem, StagePlan(node=node, gpus=gpus, layers=(0, n)), index, num_stages,
+                                 micro_batches, nxt, self.profile) for n in (0, 1))
+            self._time[tkey] = (c0.time, c1.time - c0.time, c0.capacity_bytes)
+            self._mem[mkey] = (c0.memory_bytes, c1.memory_bytes - c0.memory_bytes)
+        t0, t1, capacity = self._time[tkey]
+        m0, m1 = self._mem[mkey]
+        p = StageProbe(time0=t0, time1=t1, mem0=m0, mem1=m1, capacity=capacity)
         self._cache[key] = p
         return p
 
@@ -442,19 +451,22 @@ def memory_shortfall(problem: PlanProblem) -> str:
 
 
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
-                   time_limit: float | None = None, tau: int = 3) -> SolveResult:
+                   time_limit: float | None = None, tau: int = 3, patience: int = 4) -> SolveResult:
     """Plan with the fixed HexiScale heuristic (see the module docstring); status FEASIBLE or INFEASIBLE.
 
-    ``seed`` is the METIS seed; the sweep itself is deterministic. ``time_limit`` stops the sweep
-    over P early (the best plan so far is returned, ``params['truncated']`` says so).
+    ``seed`` is the METIS seed; the sweep itself is deterministic. The sweep over P stops after
+    ``patience`` consecutive pipeline counts without improvement; ``time_limit`` stops it early (the
+    best plan so far is returned, ``params['truncated']`` says so).
     """
     t0 = time.perf_counter()
     table = StageCostTable(problem, profile)
     ps = _PipelineSolver(problem, table, tau)
     pmax = max_pipelines(problem)
     best: tuple[float, Plan] | None = None
-    tried, seen, truncated = 0, set(), False
+    tried, seen, truncated, best_P = 0, set(), False, 0
     for P in range(1, pmax + 1):
+        if best is not None and P - best_P > patience:
+            break                                   # no improvement for ``patience`` pipeline counts
         for weighting in PHASE1:
             if time_limit is not None and time.perf_counter() - t0 > time_limit and best is not None:
                 truncated = True
@@ -472,11 +484,11 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
             ev = evaluate(plan, profile)
             logger.debug("hexiscale P=%d %s: %.4f s %s", P, weighting, ev.iteration_time_s, ev.violations)
             if ev.feasible and (best is None or ev.iteration_time_s < best[0]):
-                best = (ev.iteration_time_s, plan)
+                best, best_P = (ev.iteration_time_s, plan), P
         if truncated:
             break
     elapsed = time.perf_counter() - t0
-    params = {"seed": seed, "tau": tau, "time_limit": time_limit, "max_pipelines": pmax,
+    params = {"seed": seed, "tau": tau, "patience": patience, "time_limit": time_limit, "max_pipelines": pmax,
               "candidates_tried": tried, "truncated": truncated, "phase1": list(PHASE1)}
     if best is None:
         return SolveResult(solver="hexiscale", status=SolveStatus.INFEASIBLE, plan=None, evaluation=None,

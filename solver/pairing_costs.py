@@ -199,8 +199,8 @@ class OverlapModel:
 
     def _block(self, ops: tuple[int, ...]) -> BlockSchedule:
         members = set(ops)
-        pairs = [(i, j) for a, i in enumerate(ops) for j in ops[a + 1:] if (min(i, j), max(i, j)) in self.penalty]
-        pairs = [(min(i, j), max(i, j)) for i, j in pairs]
+        pairs = [key for a, i in enumerate(ops) for j in ops[a + 1:]
+                 if (key := (min(i, j), max(i, j))) in self.penalty]
         charged: set[tuple[int, int]] = set()
         while True:
             dur = {i: self.base[i] for i in ops}

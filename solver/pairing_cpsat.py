@@ -110,6 +110,8 @@ def solve_cpsat(m: OverlapModel, hint: tuple[dict[int, float], dict[int, float],
     t0 = time.perf_counter()
     hs, he = retime(m, *hint)
     hint_span = max(he.values(), default=0.0)
+    if hint_span > max(hint[1].values(), default=0.0):  # re-timing may only gain; float noise aside
+        hs, he, hint_span = dict(hint[0]), dict(hint[1]), max(hint[1].values(), default=0.0)
     tick = max(sum(m.base), 1e-12) / _GRID
     model, h = _build(m, tick, hs, he, hint[2])
     if opts.get("export_model"):
@@ -128,7 +130,8 @@ def solve_cpsat(m: OverlapModel, hint: tuple[dict[int, float], dict[int, float],
         si = {i: float(solver.value(h["start"][i])) for i in range(n)}
         ei = {i: float(solver.value(h["end"][i])) for i in range(n)}
         ch = {p for p, o in h["o"].items() if solver.value(o)}
-        # pairs that share integer time (possible only with zero-tick penalties) must pay in floats
+        # defensive: a pair that intersects on the integer grid pays in floats (exactly_one makes
+        # this a no-op for a correct model)
         ch |= {p for p in m.penalty if min(ei[p[0]], ei[p[1]]) > max(si[p[0]], si[p[1]])}
         fs, fe = retime(m, si, ei, ch)
         if max(fe.values(), default=0.0) <= hint_span:
@@ -194,7 +197,7 @@ def _add_intervals(model: cp_model.CpModel, m: OverlapModel, d0: list[int], pen:
         if v:
             extra[who].append(v * h["o"][p])
             pen_of[who].append(v)
-    h["interval"] = []
+    h["interval"], h["size"], h["resource"] = [], [], m.resource
     for i in range(n):
         s = model.new_int_var(0, horizon, f"S_{i}")
         e = model.new_int_var(0, horizon, f"E_{i}")
@@ -204,6 +207,7 @@ def _add_intervals(model: cp_model.CpModel, m: OverlapModel, d0: list[int], pen:
             model.add(size == d0[i] + sum(extra[i]))
         h["start"].append(s)
         h["end"].append(e)
+        h["size"].append(size)
         h["interval"].append(model.new_interval_var(s, size, e, f"I_{i}"))
 
 
@@ -237,5 +241,7 @@ def _set_objective(model: cp_model.CpModel, n: int, horizon: int, h: dict[str, A
     C = model.new_int_var(0, horizon, "C")
     for i in range(n):
         model.add(C >= h["end"][i])
+    for r in sorted(set(h["resource"])):  # redundant: a resource runs its ops one after another
+        model.add(C >= sum(h["size"][i] for i in range(n) if h["resource"][i] == r))
     model.minimize(C)
     return C

@@ -205,3 +205,17 @@ def test_demo_runs(capsys) -> None:
     rc, out, _ = run_cli(capsys, "demo")
     assert rc == 0
     assert "small-mixed" in out and "iteration" in out and "fits in memory" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["ir", "--model", "tiny", "--cluster", "small-mixed", "--global-batch", "abc"],
+    ["ir", "--model", "tiny"],
+    ["no-such-command"],
+    ["ir", "--model", "tiny", "--cluster", "small-mixed", "--recompute", "most"],
+])
+def test_bad_flags_are_one_line_too(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "error: " in lines[0] and lines[0].endswith("--help)")

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
+from compile_cases import MODEL16, make_plan
 from hexhelix.ir.dryrun import dry_run
 from hexhelix.ir.errors import UnsupportedError
 from hexhelix.ir.lower import NullEstimator, PipeLayout, lower
@@ -17,8 +17,6 @@ from hexhelix.ir.params import param_layout
 from hexhelix.ir.program import Kind, Op, Program, RankInfo, format_grid
 from hexhelix.ir.validate import format_finding, validate
 from hexhelix.solver.compile import compile_plan
-
-from compile_cases import MODEL16, make_plan
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 REGEN = os.environ.get("HEXHELIX_REGEN_GOLDEN") == "1"
@@ -82,7 +80,7 @@ def test_tp_edges_fan_out_and_fan_in():
 
 def test_wshape_turnaround_and_head_on_stage_zero():
     prog = compile_plan(make_plan([(2, 4, (1,))], "wshape"))
-    down0, down1, up1, up0 = prog.stages
+    down0, down1, _up1, up0 = prog.stages
     assert (down0.embed, up0.head) == (True, True) and down0.ranks == up0.ranks
     assert [s.layers for s in prog.stages] == [(0, 4), (4, 8), (8, 12), (12, 16)]
     r1 = down1.ranks[0]

@@ -283,3 +283,23 @@ def test_pulp_status_mapping() -> None:
     with pytest.warns(DeprecationWarning):
         bad.solve(pulp.PULP_CBC_CMD(msg=False))
     assert map_pulp_status(bad) is SolveStatus.INFEASIBLE
+
+
+def test_stage_pairings_cover_each_gpu_and_tp_of_a_plan(examples_dir) -> None:
+    from hexhelix.ir.plan import Plan
+    from hexhelix.solver.pairing import stage_pairings
+
+    plan = Plan.from_dict(json.loads((examples_dir / "plans" / "small-mixed-llama2-7b.json").read_text()))
+    res = stage_pairings(plan)
+    cl = plan.problem.cluster
+    expect = {(cl.gpu_of_node(s.node).name, s.tp) for p in plan.pipelines for s in p.stages}
+    assert set(res) == expect
+    for (gpu, tp), r in res.items():
+        assert r.status is SolveStatus.OPTIMAL and r.plan.meta["gpu"] == gpu and r.plan.meta["tp"] == tp
+
+
+def test_unknown_solver_is_invalid_input(llama_a40: PairingProblem) -> None:
+    with pytest.raises(InvalidInputError, match="unknown solver"):
+        solve_pairing(llama_a40, "greedy")
+    with pytest.raises(InvalidInputError, match="segments"):
+        solve_pairing(llama_a40, "dp", {"segments": "some"})

@@ -155,7 +155,7 @@ def test_quick_profile_on_two_gloo_ranks_round_trips(tmp_path, capsys):
     assert prof.meta["versions"]["torch"] and prof.meta["backend"] == "gloo"
     assert set(prof.per_gpu_efficiency["cpu"]) == {"gemm", "attention", "norm", "elementwise"}
     assert prof.gpu_overrides["cpu"]["tflops"] > 0 and prof.link_efficiency == 1.0
-    assert {"gemm|all_reduce", "gemm|gemm"} <= set(prof.meta["oef_measured"])
+    assert {"gemm|all_reduce", "gemm|send_recv", "gemm|gemm"} <= set(prof.meta["oef_measured"])
     cluster = load_cluster(cl)
     assert cluster.gpu_of_node(0).name == "cpu" and cluster.num_gpus == 2
     assert cluster.gpu_of_node(0).tflops == pytest.approx(prof.gpu_overrides["cpu"]["tflops"], rel=1e-5)

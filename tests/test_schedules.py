@@ -5,10 +5,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from hexhelix.ir.errors import InvalidInputError, UnsupportedError
 from hexhelix.ir.program import Op
-from hexhelix.ir.schedules import fold_layers, num_strands, pipeline_order, stage_positions, wshape_strand
+from hexhelix.ir.schedules import (
+    fold_layers,
+    num_strands,
+    pipeline_order,
+    stage_positions,
+    wshape_strand,
+)
 
 
 def _ops(order):

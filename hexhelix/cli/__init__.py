@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 from hexhelix.ir.errors import HexhelixError, InvalidInputError, UnsupportedError
 
@@ -31,8 +32,16 @@ COMMANDS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors: a bad flag prints one line (and a pointer to
+    ``--help``) instead of the usage block. Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hexhelix",
         description="Plan, compile and run LLM training over heterogeneous GPU clusters.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeat for debug)")

@@ -1,0 +1,227 @@
+"""Exact heterogeneous planners (CP-SAT, CBC, HiGHS) against brute force and the one evaluator.
+
+Instances are tiny (≤ 6 GPUs, ≤ 4 layers) with custom GPU types whose memory binds, so the optimum
+is sometimes one pipeline of several stages and sometimes several pipelines with gradient sync.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import pytest
+
+from hexhelix.ir.cluster import Cluster
+from hexhelix.ir.model import PRESETS, ModelConfig, TrainingConfig
+from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
+from hexhelix.solver.candidates import build_tables
+from hexhelix.solver.cpsat_plan import map_cpsat_status, solve_cpsat_model
+from hexhelix.solver.evaluate import evaluate
+from hexhelix.solver.milp_plan import map_cbc_status, map_highs_status, solve_milp_model
+from hexhelix.solver.plan_formulation import build_plan_model
+from hexhelix.solver.result import SolveStatus
+from hexhelix.solver.solve import solve
+
+EXACT = ("cpsat", "milp-cbc", "milp-highs")
+REL = 1e-6  # integer time scale: the rate bound is 1e9 ticks, so rounding is far below this
+
+
+def make_problem(gpus=(2, 2), mem=(1.6, 2.0), layers=4, gb=4, seq=512, inter=5.0, tflops=(100.0, 40.0),
+                 schedule="1f1b") -> PlanProblem:
+    """Two nodes of user-defined GPU types ("Fast", "Slow") and a 1024-wide model with ``layers`` layers."""
+    nodes = [{"name": f"n{i}", "gpu": g, "count": c, "intra_GBps": 50 if g == "Fast" else 10}
+             for i, (g, c) in enumerate(zip(("Fast", "Slow"), gpus)) if c]
+    cl = Cluster.from_dict({
+        "name": "tiny-mixed",
+        "gpu_types": {"Fast": {"tflops": tflops[0], "memory_gib": mem[0], "mem_GBps": 1000},
+                      "Slow": {"tflops": tflops[1], "memory_gib": mem[1], "mem_GBps": 500}},
+        "nodes": nodes, "inter_GBps": inter})
+    model = ModelConfig(name="m1024", layers=layers, hidden=1024, heads=8, kv_heads=8, ffn=2816, vocab=1000)
+    return PlanProblem(cluster=cl, model=model, training=TrainingConfig(global_batch=gb, micro_batch=1, seq_len=seq),
+                       schedule=schedule)
+
+
+INSTANCES = {
+    # memory binds: one pipeline of two single-GPU stages
+    "memory-bound": dict(),
+    # several pipelines, gradient sync over the fast intra-node links
+    "multi-pipeline": dict(mem=(4, 4), gb=8, seq=2048, inter=100),
+    # pipelines span both nodes: the sync lower bound is loose and Benders cuts close it
+    "sync-cuts": dict(mem=(2.5, 2.5), gb=6, seq=1024, inter=20, tflops=(100, 90), layers=2),
+    # GPipe keeps every micro-batch in flight
+    "gpipe": dict(mem=(2.5, 3.0), gb=4, seq=1024, schedule="gpipe"),
+}
+
+
+@cache
+def problem(name: str) -> PlanProblem:
+    return make_problem(**INSTANCES[name])
+
+
+@cache
+def brute(name: str):
+    return solve(problem(name), "bruteforce")
+
+
+@cache
+def exact(name: str, method: str):
+    return solve(problem(name), method, time_limit=60, options={"warm_start": False})
+
+
+@pytest.mark.parametrize("method", EXACT)
+@pytest.mark.parametrize("name", list(INSTANCES))
+def test_exact_equals_bruteforce(name: str, method: str) -> None:
+    bf, res = brute(name), exact(name, method)
+    assert bf.status is SolveStatus.OPTIMAL
+    assert res.status is SolveStatus.OPTIMAL, res.reason
+    assert res.iteration_time_s == pytest.approx(bf.iteration_time_s, rel=REL)
+    assert res.evaluation.feasible
+    # the proven bound is a valid lower bound and closes the gap
+    assert res.bound_s <= bf.iteration_time_s * (1 + 1e-9)
+    assert res.gap <= 1e-6
+
+
+def test_instances_cover_the_interesting_cases() -> None:
+    assert len(brute("memory-bound").plan.pipelines) == 1 and len(brute("memory-bound").plan.pipelines[0].stages) > 1
+    assert len(brute("multi-pipeline").plan.pipelines) > 1 and brute("multi-pipeline").evaluation.grad_sync_s > 0
+    assert exact("sync-cuts", "cpsat").params["sync_cuts"] > 0
+
+
+@pytest.mark.parametrize("name", list(INSTANCES))
+def test_backends_agree_on_proven_optima(name: str) -> None:
+    times = [exact(name, m).iteration_time_s for m in EXACT if exact(name, m).status is SolveStatus.OPTIMAL]
+    assert len(times) == len(EXACT)
+    assert max(times) == pytest.approx(min(times), rel=REL)
+
+
+@pytest.mark.parametrize("pipelines", [1, 2, 4])
+def test_model_objective_equals_evaluator(pipelines: int) -> None:
+    """For P = 1 the model is exact; for P > 1 it is exact after the sync cut of the decoded structure."""
+    pb = problem("multi-pipeline")
+    tables = build_tables(pb)
+    scale = 1e9 / tables.gpu_rate_bound()
+    pm = build_plan_model(tables, pipelines, 4, scale)
+    for _ in range(3):
+        out = solve_cpsat_model(pm.lin, time_limit=20)
+        assert out.status == "optimal"
+        ev = evaluate(pm.decode(out.values))
+        model_s = out.objective / scale
+        assert model_s <= ev.iteration_time_s * (1 + 1e-12)  # a relaxation: never above the evaluator
+        if ev.iteration_time_s - model_s <= REL * ev.iteration_time_s:
+            break
+        pm.add_sync_cut(out.values, ev.grad_sync_s)
+    assert model_s == pytest.approx(ev.iteration_time_s, rel=REL)
+
+
+def test_encode_decode_round_trip() -> None:
+    pb = problem("multi-pipeline")
+    tables = build_tables(pb)
+    pm = build_plan_model(tables, 2, 3, 1e9 / tables.gpu_rate_bound())
+    plan = Plan(problem=pb, pipelines=(
+        PipelinePlan(micro_batches=5, stages=(StagePlan(node=0, gpus=(0,), layers=(0, 1)),
+                                              StagePlan(node=1, gpus=(2, 3), layers=(1, 4)))),
+        PipelinePlan(micro_batches=3, stages=(StagePlan(node=0, gpus=(1,), layers=(0, 4)),))))
+    vals = pm.encode(plan)
+    full = [0.0] * pm.lin.num_vars
+    for i, v in vals.items():
+        full[i] = float(v)
+    back = pm.decode(full)
+    assert [(p.micro_batches, [(s.node, s.tp, s.layers) for s in p.stages]) for p in back.pipelines] == \
+        [(p.micro_batches, [(s.node, s.tp, s.layers) for s in p.stages]) for p in plan.pipelines]
+
+
+@pytest.mark.parametrize("method", ["hexiscale", "hexiscale-released", "megatron"])
+@pytest.mark.parametrize("name", ["memory-bound", "multi-pipeline"])
+def test_heuristics_never_beat_a_proven_optimum(name: str, method: str) -> None:
+    pytest.importorskip(f"hexhelix.solver.{method.replace('-', '_')}")
+    res = solve(problem(name), method, seed=0)
+    opt = exact(name, "cpsat")
+    assert res.bound_s is None and res.status is not SolveStatus.OPTIMAL
+    if res.plan is not None and res.evaluation.feasible:
+        assert res.iteration_time_s >= opt.bound_s * (1 - 1e-9)
+        assert res.iteration_time_s >= opt.iteration_time_s * (1 - REL)
+
+
+def test_warm_start_gives_the_same_optimum() -> None:
+    pytest.importorskip("hexhelix.solver.hexiscale")
+    res = solve(problem("multi-pipeline"), "cpsat", time_limit=60)
+    assert res.status is SolveStatus.OPTIMAL
+    assert res.iteration_time_s == pytest.approx(brute("multi-pipeline").iteration_time_s, rel=REL)
+
+
+def test_deterministic_under_a_fixed_seed() -> None:
+    a = solve(problem("sync-cuts"), "cpsat", seed=3, time_limit=60, options={"warm_start": False})
+    b = solve(problem("sync-cuts"), "cpsat", seed=3, time_limit=60, options={"warm_start": False})
+    assert a.plan.to_dict()["pipelines"] == b.plan.to_dict()["pipelines"]
+    assert a.params["sync_cuts"] == b.params["sync_cuts"]
+
+
+def test_one_gpu_cluster() -> None:
+    cl = Cluster.from_dict({"name": "one", "nodes": [{"name": "a", "gpu": "A100-SXM4-80GB", "count": 1}]})
+    pb = PlanProblem(cluster=cl, model=PRESETS["tiny"], training=TrainingConfig(global_batch=4, seq_len=128))
+    for method in EXACT:
+        res = solve(pb, method, time_limit=30)
+        assert res.status is SolveStatus.OPTIMAL
+        assert [(len(p.stages), p.micro_batches) for p in res.plan.pipelines] == [(1, 4)]
+        assert res.iteration_time_s == pytest.approx(evaluate(res.plan).iteration_time_s)
+
+
+def test_model_that_fits_nowhere_is_infeasible_with_a_memory_reason(small_cluster) -> None:
+    pb = PlanProblem(cluster=small_cluster, model=PRESETS["llama2-70b"], training=TrainingConfig(global_batch=8))
+    for method in ("cpsat", "milp-highs"):
+        res = solve(pb, method, time_limit=10)
+        assert res.status is SolveStatus.INFEASIBLE and res.plan is None
+        assert res.reason.startswith("memory:") and "llama2-70b" in res.reason and "GiB" in res.reason
+        assert "A100-SXM4-80GB 80 GiB x 4" in res.reason
+
+
+def test_activation_memory_infeasible_is_proven() -> None:
+    """Model states fit, but no stage can hold a layer's activations: infeasible, not a timeout."""
+    res = solve(make_problem(mem=(1.05, 1.05), seq=4096), "cpsat", time_limit=30, options={"warm_start": False})
+    assert res.status is SolveStatus.INFEASIBLE and res.reason.startswith("memory:")
+
+
+def test_time_limit_never_claims_optimality(small_cluster) -> None:
+    pytest.importorskip("hexhelix.solver.hexiscale")
+    pb = PlanProblem(cluster=small_cluster, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=32, recompute="full"))
+    res = solve(pb, "cpsat", time_limit=2)
+    assert res.status in (SolveStatus.TIMEOUT, SolveStatus.OPTIMAL)
+    if res.status is SolveStatus.TIMEOUT:
+        assert res.plan is not None and res.bound_s is not None and res.gap is not None and res.gap > 0
+        assert "time limit" in res.reason
+
+
+def test_status_mapping_functions() -> None:
+    assert map_cpsat_status("OPTIMAL", True) == "optimal"
+    assert map_cpsat_status("FEASIBLE", True) == "timeout"
+    assert map_cpsat_status("INFEASIBLE", False) == "infeasible"
+    assert map_cpsat_status("UNKNOWN", False) == "timeout"
+    assert map_cpsat_status("MODEL_INVALID", False) == "error"
+    assert map_cbc_status(1, 1) == "optimal"
+    assert map_cbc_status(1, 2) == "timeout"  # PuLP says Optimal for a time-limited CBC incumbent
+    assert map_cbc_status(0, 0) == "timeout"
+    assert map_cbc_status(-1, -1) == "infeasible"
+    assert map_cbc_status(-3, 0) == "error"
+    assert map_highs_status("HighsModelStatus.kOptimal", True) == "optimal"
+    assert map_highs_status("kTimeLimit", True) == "timeout"
+    assert map_highs_status("kTimeLimit", False) == "timeout"
+    assert map_highs_status("kInfeasible", False) == "infeasible"
+    assert map_highs_status("kSolveError", False) == "error"
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+def test_backend_time_limit_is_not_optimal(backend: str) -> None:
+    """A real backend stopped by its time limit reports timeout (and a bound no higher than the optimum)."""
+    from hexhelix.ir.cluster import load_cluster
+    from tests.conftest import EXAMPLES
+
+    cl = load_cluster(EXAMPLES / "clusters" / "mixed-a100-a40-t4.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64))
+    tables = build_tables(pb)
+    pm = build_plan_model(tables, 2, 8, 1e9 / tables.gpu_rate_bound())
+    out = solve_milp_model(pm.lin, backend=backend, time_limit=1)
+    assert out.status in ("timeout", "optimal")
+    if out.status == "timeout" and out.values is not None and out.bound is not None:
+        assert out.bound <= out.objective + 1e-6 * abs(out.objective)
+    assert not math.isnan(out.objective or 0.0)
