@@ -118,8 +118,14 @@ def _deadlock(p: Program, pcs: list[int], sent: dict, taken: dict, groups: dict)
         g = _collective_group(p, ins)
         if ins.op is Op.RECV:
             wait.add_edge(r, ins.peer)
+            key = (ins.peer, r, ins.ch)
+            sends = [k for k, x in enumerate(p.programs[ins.peer])
+                     if x.op is Op.SEND and x.peer == r and x.ch == ins.ch]
+            k = taken[key]
+            where = (f"rank {ins.peer} issues that send only at position {sends[k]} ({p.programs[ins.peer][sends[k]]})"
+                     if k < len(sends) else f"rank {ins.peer} never issues that send")
             why[r] = (f"rank {r} at position {pcs[r]} ({ins}) waits for the {ins.kind.value if ins.kind else ''} "
-                      f"of micro-batch {ins.mb} from rank {ins.peer} on channel {ins.ch}")
+                      f"of micro-batch {ins.mb} from rank {ins.peer} on channel {ins.ch}, and {where}")
         elif g is not None:
             absent = [m for m in groups.get(g, ()) if m != r and not (
                 pcs[m] < len(p.programs[m]) and str(p.programs[m][pcs[m]].stripped()) == str(ins.stripped()))]
@@ -133,10 +139,8 @@ def _deadlock(p: Program, pcs: list[int], sent: dict, taken: dict, groups: dict)
     if cycle:
         ops = [(r, pcs[r], str(p.programs[r][pcs[r]])) for r in cycle]
         desc = "; ".join(why[r] for r in cycle)
-        peer_at = "; ".join(
-            f"rank {r} is at position {pcs[r]} ({p.programs[r][pcs[r]]})" for r in cycle)
-        msg = (f"deadlock: ranks {' -> '.join(map(str, cycle + cycle[:1]))} wait on each other in a cycle. {desc}. "
-               f"({peer_at}.)\n{_window(p, pcs, cycle)}")
+        msg = (f"deadlock: ranks {' -> '.join(map(str, cycle + cycle[:1]))} wait on each other in a cycle: "
+               f"{desc}.\n{_window(p, pcs, cycle)}")
         return ScheduleError(msg, cycle=cycle, ops=ops)
     # No cycle: someone waits for a rank that finished (a message or a collective that never comes).
     stuck = sorted(why)

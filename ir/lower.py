@@ -12,11 +12,13 @@ Passes, in order:
    of every rank (a co-executed W-shape tick is one ``PAIR``).
 2. :func:`add_send_recv` — LOAD before data-reading forwards, RECV before the consumer, SEND after
    the producer, for every cross-rank virtual-stage edge, TP degrees possibly different.
-3. :func:`pair_strands` — W-shape strand barriers (``SYNC`` after every tick).
+3. :func:`pair_strands` — W-shape: optional per-layer PAIR expansion (:func:`layer_pairs`), then
+   strand barriers (``SYNC`` after every tick).
 4. :func:`add_grad_sync` — slice plan + DP groups + ``GRAD_SYNC`` per bucket.
 5. :func:`add_opt` — the optimizer step, last.
 6. :func:`annotate` — per-op ``dur``/``bytes`` from an :class:`Estimator` (the cost model lives in
    hexhelix.solver; ``ir`` only receives numbers).
+7. :func:`order_grad_sync` — the global bucket order (greedy list scheduling on the estimates).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ __all__ = [
     "annotate",
     "build_skeleton",
     "channel_map",
+    "layer_pairs",
     "lower",
+    "order_grad_sync",
     "pair_strands",
 ]
 
@@ -62,6 +66,11 @@ class Estimator(Protocol):
 
     def compute(self, stage: StageInfo, op: Op) -> tuple[float, int]:
         """(seconds, activation bytes kept/freed) of F or B of one micro-batch on ``stage``."""
+        ...
+
+    def compute_layer(self, stage: StageInfo, op: Op, layer: int) -> tuple[float, int]:
+        """Same for one layer of ``stage`` (per-layer PAIR expansion): the embedding rides on the
+        stage's first layer, norm/head/loss on its last."""
         ...
 
     def boundary_bytes(self) -> int:
@@ -89,6 +98,9 @@ class NullEstimator:
     """All estimates zero: structure-only programs (tests, tools that need no cost model)."""
 
     def compute(self, stage: StageInfo, op: Op) -> tuple[float, int]:
+        return 0.0, 0
+
+    def compute_layer(self, stage: StageInfo, op: Op, layer: int) -> tuple[float, int]:
         return 0.0, 0
 
     def boundary_bytes(self) -> int:
@@ -247,18 +259,41 @@ def add_send_recv(program: Program) -> Program:
 
 
 # ----------------------------------------------------------------------------- 3. strands
-def pair_strands(program: Program, pairing: Any = None) -> Program:
-    """W-shape strand barriers (pass 3, docs/program.md §7): a ``SYNC:k`` closes every tick (after
-    the tick's SENDs), k counting ticks per rank. No-op for single-strand programs. ``pairing``
-    only affects PAIR durations (see :func:`annotate`); per-layer expansion is not implemented."""
+def layer_pairs(program: Program, pair: Instr) -> list[Instr]:
+    """Expand ``PAIR(F a, B b)`` per layer pair (DHelix §3.2): the forward walks ``a``'s layers
+    ascending, the backward walks ``b``'s layers descending; the i-th layers of the two walks are
+    co-executed as ``PAIR(F a[l], B b[l'])``, a leftover layer (legs of unequal length) runs alone."""
+    assert pair.pair is not None
+    fa, bb = pair.pair
+    lf = list(range(*program.stages[fa.stage].layers))
+    lb = list(reversed(range(*program.stages[bb.stage].layers)))
+    out = []
+    for i in range(max(len(lf), len(lb))):
+        f = replace(fa, layer=lf[i]) if i < len(lf) else None
+        b = replace(bb, layer=lb[i]) if i < len(lb) else None
+        if f is not None and b is not None:
+            out.append(replace(pair, pair=(f, b)))
+        else:
+            out.append(f or b)
+    return out
+
+
+def pair_strands(program: Program, per_layer: bool = False) -> Program:
+    """W-shape strand barriers (pass 3, docs/program.md §7). With ``per_layer`` every
+    ``PAIR(F, B)`` is first expanded by :func:`layer_pairs`. Then a ``SYNC:k`` closes every tick
+    (after the tick's SENDs; each layer pair of an expanded PAIR is its own tick), k counting ticks
+    per rank. No-op for single-strand programs."""
     if program.strands < 2:
         return program
     out = []
     for prog in program.programs:
+        expanded: list[Instr] = []
+        for ins in prog:
+            expanded += layer_pairs(program, ins) if per_layer and ins.op is Op.PAIR else [ins]
         new: list[Instr] = []
         k = 0
         open_tick = False
-        for ins in prog:
+        for ins in expanded:
             if open_tick and ins.op is not Op.SEND:
                 new.append(Instr(op=Op.SYNC, sync=k))
                 k += 1
@@ -362,15 +397,17 @@ def annotate(program: Program, est: Estimator) -> Program:
     gs = {b: est.allreduce(program.group(es[0].group).ranks, sum(entry_elems(e) for e in es))
           for b, es in program.grad_sync.items()}
 
-    compute: dict[tuple[int, Op], tuple[float, int]] = {}  # estimates are pure: ask once per key
+    compute: dict[tuple[int, Op, int], tuple[float, int]] = {}  # estimates are pure: ask once per key
     p2p: dict[tuple[int, int], float] = {}
 
     def one(rank: int, ins: Instr) -> Instr:
         match ins.op:
             case Op.F | Op.B | Op.BI | Op.BW:
-                key = (ins.stage, ins.op)
+                key = (ins.stage, ins.op, ins.layer)
                 if key not in compute:
-                    compute[key] = est.compute(program.stages[ins.stage], ins.op)
+                    st = program.stages[ins.stage]
+                    compute[key] = est.compute(st, ins.op) if ins.layer < 0 else est.compute_layer(st, ins.op,
+                                                                                                   ins.layer)
                 dur, byt = compute[key]
                 return replace(ins, dur=dur, bytes=byt)
             case Op.SEND:
@@ -392,14 +429,62 @@ def annotate(program: Program, est: Estimator) -> Program:
     return replace(program, programs=tuple(tuple(one(r, i) for i in prog) for r, prog in enumerate(program.programs)))
 
 
+# ----------------------------------------------------------------------------- 7. bucket order
+def order_grad_sync(program: Program) -> Program:
+    """Choose the one global bucket order every rank follows (pass 7, after :func:`annotate`).
+
+    Any single global order is deadlock-free; a bad one chains collectives that share a member.
+    Greedy list scheduling: each rank is ready when its non-GRAD_SYNC work is done (sum of
+    ``dur``, a lower bound); repeatedly issue the bucket that can start earliest (ties: longer
+    first, then lower number). Buckets are renumbered in that order, DP groups listed in it, and
+    every rank's GRAD_SYNCs follow it — so "ascending bucket number" stays the rule."""
+    if not program.grad_sync:
+        return program
+    members = {b: program.group(es[0].group).ranks for b, es in program.grad_sync.items()}
+    dur: dict[str, float] = {}
+    ready = [0.0] * program.world_size
+    for r, prog in enumerate(program.programs):
+        for ins in prog:
+            if ins.op is Op.GRAD_SYNC:
+                dur[ins.bucket] = max(dur.get(ins.bucket, 0.0), ins.dur)
+            elif ins.op is not Op.OPT:
+                ready[r] += ins.dur
+    index = {b: int(b[1:]) for b in members}
+    left = set(members)
+    order: list[str] = []
+    while left:
+        b = min(left, key=lambda x: (max(ready[m] for m in members[x]), -dur.get(x, 0.0), index[x]))
+        start = max(ready[m] for m in members[b])
+        for m in members[b]:
+            ready[m] = start + dur.get(b, 0.0)
+        order.append(b)
+        left.remove(b)
+    rename = {old: f"b{k}" for k, old in enumerate(order)}
+    grad_sync = {rename[b]: program.grad_sync[b] for b in order}
+    dp = {g.name: g for g in program.groups if g.name.startswith("dp.")}
+    groups = [g for g in program.groups if not g.name.startswith("dp.")]
+    groups += [dp[program.grad_sync[b][0].group] for b in order]
+    progs = []
+    for prog in program.programs:
+        syncs = sorted((replace(i, bucket=rename[i.bucket]) for i in prog if i.op is Op.GRAD_SYNC),
+                       key=lambda i: int(i.bucket[1:]))
+        it = iter(syncs)
+        progs.append(tuple(next(it) if i.op is Op.GRAD_SYNC else i for i in prog))
+    return replace(program, grad_sync=grad_sync, groups=tuple(groups), programs=tuple(progs))
+
+
 # ----------------------------------------------------------------------------- driver
 def lower(*, schedule: str, model: ModelConfig, training: TrainingConfig, pipes: Sequence[PipeLayout],
-          ranks: Sequence[RankInfo], estimator: Estimator | None = None, pairing: Any = None,
+          ranks: Sequence[RankInfo], estimator: Estimator | None = None, per_layer_pairs: bool = False,
           meta: Mapping[str, Any] | None = None) -> Program:
-    """The pass order, written once: skeleton → send/recv → strands → grad sync → opt → estimates."""
+    """The pass order, written once: skeleton → send/recv → strands → grad sync → opt → estimates →
+    bucket order.
+
+    ``per_layer_pairs`` expands W-shape PAIRs per layer pair (used when a pairing plan is given)."""
     prog = build_skeleton(schedule=schedule, model=model, training=training, pipes=pipes, ranks=ranks, meta=meta)
     prog = add_send_recv(prog)
-    prog = pair_strands(prog, pairing)
+    prog = pair_strands(prog, per_layer_pairs)
     prog = add_grad_sync(prog)
     prog = add_opt(prog)
-    return annotate(prog, estimator or NullEstimator())
+    prog = annotate(prog, estimator or NullEstimator())
+    return order_grad_sync(prog)

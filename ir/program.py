@@ -5,6 +5,7 @@ Vocabulary (token form in brackets; strand ``@s`` omitted when 0):
 
 * LOAD  [``L2.3``]  fetch micro-batch 3's data for (virtual) stage 2 (first stage: tokens; last: targets)
 * F / B / BI / BW [``F2.3@1``]  forward, full backward, input-grad backward, weight-grad backward
+  (``F2.3@1[5]``: only layer 5 of the stage, from a per-layer PAIR expansion; docs/program.md §7)
 * SEND / RECV [``SA2.3>5#12``, ``RG1.3<4#7``]  act|grad of stage 2 micro-batch 3 to/from rank 5 on
   channel 12 (the channel is the tag: unique per (src, dst, kind, stage pair, strand))
 * COLL  [``C:all_reduce:tp1:2.3@0``]  a runtime-issued collective on a named group
@@ -87,6 +88,7 @@ class Instr:
     pair: tuple[Instr, Instr] | None = None
     dur: float = 0.0
     bytes: int = 0
+    layer: int = -1  # compute ops only: -1 = the whole stage, else just this (global) layer index
 
     def __str__(self) -> str:
         sm = f"{self.stage}.{self.mb}" + (f"@{self.strand}" if self.strand else "")
@@ -94,7 +96,7 @@ class Instr:
             case Op.LOAD:
                 return f"L{sm}"
             case Op.F | Op.B | Op.BI | Op.BW:
-                return f"{self.op.value}{sm}"
+                return f"{self.op.value}{sm}" + (f"[{self.layer}]" if self.layer >= 0 else "")
             case Op.SEND | Op.RECV:
                 k = "A" if self.kind is Kind.ACT else "G"
                 arrow = ">" if self.op is Op.SEND else "<"
@@ -125,7 +127,8 @@ class Instr:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op.value}
         defaults = _INSTR_DEFAULTS
-        for name in ("stage", "mb", "strand", "peer", "ch", "group", "coll", "bucket", "sync", "dur", "bytes"):
+        for name in ("stage", "mb", "strand", "peer", "ch", "group", "coll", "bucket", "sync", "dur", "bytes",
+                     "layer"):
             v = getattr(self, name)
             if v != defaults[name]:
                 d[name] = v
@@ -148,13 +151,14 @@ class Instr:
 
 
 _INSTR_DEFAULTS = {"stage": -1, "mb": -1, "strand": 0, "peer": -1, "ch": -1, "group": "", "coll": "",
-                   "bucket": "", "sync": -1, "dur": 0.0, "bytes": 0}
+                   "bucket": "", "sync": -1, "dur": 0.0, "bytes": 0, "layer": -1}
 
 _SM = r"(\d+)\.(\d+)(?:@(\d+))?"
 _PATTERNS: list[tuple[re.Pattern[str], Any]] = [
     (re.compile(rf"^L{_SM}$"), lambda m: Instr(op=Op.LOAD, stage=int(m[1]), mb=int(m[2]), strand=int(m[3] or 0))),
-    (re.compile(rf"^(BI|BW|F|B){_SM}$"),
-     lambda m: Instr(op=Op(m[1]), stage=int(m[2]), mb=int(m[3]), strand=int(m[4] or 0))),
+    (re.compile(rf"^(BI|BW|F|B){_SM}(?:\[(\d+)\])?$"),
+     lambda m: Instr(op=Op(m[1]), stage=int(m[2]), mb=int(m[3]), strand=int(m[4] or 0),
+                     layer=int(m[5]) if m[5] is not None else -1)),
     (re.compile(rf"^([SR])([AG]){_SM}([<>])(\d+)#(\d+)$"),
      lambda m: Instr(op=Op.SEND if m[1] == "S" else Op.RECV, kind=Kind.ACT if m[2] == "A" else Kind.GRAD,
                      stage=int(m[3]), mb=int(m[4]), strand=int(m[5] or 0), peer=int(m[7]), ch=int(m[8]))),

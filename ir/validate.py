@@ -104,6 +104,10 @@ def _check_schema(p: Program) -> list[Finding]:
                     out.append(Finding("schema", f"refers to stage {ins.stage}, which this rank does not hold",
                                        r, i, tok))
                     continue
+                st = p.stages[ins.stage]
+                if ins.op in COMPUTE_OPS and ins.layer >= 0 and not st.layers[0] <= ins.layer < st.layers[1]:
+                    out.append(Finding("schema", f"layer {ins.layer} is not in stage {st.id}'s layers "
+                                       f"[{st.layers[0]}, {st.layers[1]})", r, i, tok))
                 if not 0 <= ins.strand < p.strands:
                     out.append(Finding("schema", f"strand {ins.strand} but the program has {p.strands}", r, i, tok))
             if ins.op in (Op.SEND, Op.RECV) and (not 0 <= ins.peer < W or ins.peer == r or ins.kind is None):
@@ -132,13 +136,20 @@ def _expected_strand(p: Program, stage: int, mb: int) -> int:
     return wshape_strand(mb, nphys)
 
 
+def _parts_ok(whole: int, parts: list[int], layers: tuple[int, int]) -> bool:
+    """One whole op, or exactly one per-layer part for every layer of the stage."""
+    return (whole == 1 and not parts) or (whole == 0 and sorted(parts) == list(range(*layers)))
+
+
 def _check_complete(p: Program) -> list[Finding]:
     out: list[Finding] = []
     for r, prog in enumerate(p.programs):
-        seen: dict[tuple[int, int], list[tuple[Op, int, int]]] = defaultdict(list)
+        seen: dict[tuple[int, int], list[Instr]] = defaultdict(list)
+        first_pos: dict[tuple[int, int], int] = {}
         for i, ins in _flat(prog):
             if ins.op in COMPUTE_OPS:
-                seen[(ins.stage, ins.mb)].append((ins.op, i, ins.strand))
+                seen[(ins.stage, ins.mb)].append(ins)
+                first_pos.setdefault((ins.stage, ins.mb), i)
                 if ins.strand != _expected_strand(p, ins.stage, ins.mb):
                     out.append(Finding("complete", f"strand {ins.strand}, expected "
                                        f"{_expected_strand(p, ins.stage, ins.mb)} for micro-batch {ins.mb}",
@@ -147,17 +158,37 @@ def _check_complete(p: Program) -> list[Finding]:
             if r not in s.ranks:
                 continue
             for mb in range(p.pipes[s.pipe].micro_batches):
-                ops = Counter(o for o, _, _ in seen.pop((s.id, mb), []))
-                if ops[Op.F] != 1:
-                    out.append(Finding("complete", f"has {ops[Op.F]} forwards F{s.id}.{mb}, needs exactly one", r))
-                if not ((ops[Op.B] == 1 and ops[Op.BI] == ops[Op.BW] == 0)
-                        or (ops[Op.B] == 0 and ops[Op.BI] == ops[Op.BW] == 1)):
-                    out.append(Finding("complete", f"stage {s.id} micro-batch {mb} needs one B or one BI+BW, has "
-                                       f"{dict(ops)}", r))
-        for (sid, mb), ops in seen.items():
-            out.append(Finding("complete", f"compute on stage {sid} for micro-batch {mb}, which is out of range",
-                               r, ops[0][1]))
+                ops = seen.pop((s.id, mb), [])
+                whole = Counter(x.op for x in ops if x.layer < 0)
+                parts = {o: [x.layer for x in ops if x.op is o and x.layer >= 0] for o in COMPUTE_OPS}
+                if not _parts_ok(whole[Op.F], parts[Op.F], s.layers):
+                    out.append(Finding("complete", f"forward F{s.id}.{mb} must run exactly once (whole, or once per "
+                                       f"layer {s.layers[0]}..{s.layers[1] - 1}); found {whole[Op.F]} whole and "
+                                       f"parts {parts[Op.F]}", r))
+                full_b = _parts_ok(whole[Op.B], parts[Op.B], s.layers)
+                split_b = _parts_ok(whole[Op.BI], parts[Op.BI], s.layers) and _parts_ok(
+                    whole[Op.BW], parts[Op.BW], s.layers)
+                no_b = whole[Op.B] == 0 and not parts[Op.B]
+                no_split = whole[Op.BI] == whole[Op.BW] == 0 and not parts[Op.BI] and not parts[Op.BW]
+                if not ((full_b and no_split) or (no_b and split_b)):
+                    out.append(Finding("complete", f"stage {s.id} micro-batch {mb} needs its backward exactly once "
+                                       f"(one B, or one BI and one BW); has {dict(whole)} whole, parts "
+                                       f"{ {o.value: v for o, v in parts.items() if v} }", r))
+        for key, ops in seen.items():
+            out.append(Finding("complete", f"compute on stage {key[0]} for micro-batch {key[1]}, which is out of "
+                               "range for this rank", r, first_pos[key], str(ops[0])))
     return out
+
+
+def _part_role(ins: Instr, layers: tuple[int, int]) -> tuple[bool, bool, int]:
+    """(first part, last part, expected predecessor layer or None) of a compute op: forwards walk
+    the stage's layers ascending, backwards descending; a whole op is both first and last."""
+    if ins.layer < 0:
+        return True, True, -1
+    lo, hi = layers
+    if ins.op is Op.F:
+        return ins.layer == lo, ins.layer == hi - 1, ins.layer - 1
+    return ins.layer == hi - 1, ins.layer == lo, ins.layer + 1
 
 
 def _check_order(p: Program) -> list[Finding]:
@@ -168,12 +199,20 @@ def _check_order(p: Program) -> list[Finding]:
             nxt[a], prev[b] = b, a
     for r, prog in enumerate(p.programs):
         done: set[tuple] = set()
+        last_part: dict[tuple[Op, int, int], int] = {}
         last_compute = max((i for i, ins in enumerate(prog) if ins.op in (*COMPUTE_OPS, Op.PAIR)), default=-1)
         for i, ins in _flat(prog):
             tok = str(ins)
             s = p.stages[ins.stage] if 0 <= ins.stage < len(p.stages) else None
             key = (ins.stage, ins.mb)
-            if ins.op is Op.F and s is not None:
+            first, last = True, True
+            if ins.op in COMPUTE_OPS and s is not None:
+                first, last, pred = _part_role(ins, s.layers)
+                if ins.layer >= 0 and not first and last_part.get((ins.op, *key)) != pred:
+                    out.append(Finding("order", f"layer part out of order: layer {pred} of this "
+                                       f"{ins.op.value}{ins.stage}.{ins.mb} must run just before it", r, i, tok))
+                last_part[(ins.op, *key)] = ins.layer
+            if ins.op is Op.F and s is not None and first:
                 if (s.embed or s.head) and ("L", *key) not in done:
                     out.append(Finding("order", "forward of an embedding/head stage before its LOAD", r, i, tok))
                 if ins.stage in prev:
@@ -186,7 +225,7 @@ def _check_order(p: Program) -> list[Finding]:
             if ins.op in (Op.B, Op.BI) and s is not None:
                 if ("F", *key) not in done:
                     out.append(Finding("order", f"backward before its forward F{ins.stage}.{ins.mb}", r, i, tok))
-                if ins.stage in nxt:
+                if ins.stage in nxt and first:
                     dst = nxt[ins.stage]
                     need = ("B", dst, ins.mb) if p.stages[dst].ranks == s.ranks else ("RG", *key)
                     if need not in done:
@@ -207,7 +246,7 @@ def _check_order(p: Program) -> list[Finding]:
             tag = {Op.LOAD: "L", Op.F: "F", Op.B: "B", Op.BI: "BI", Op.BW: "BW"}.get(ins.op)
             if ins.op is Op.RECV:
                 tag = "RA" if ins.kind is Kind.ACT else "RG"
-            if tag:
+            if tag and last:
                 done.add((tag, *key))
                 if ins.op is Op.B:
                     done.add(("BI", *key))

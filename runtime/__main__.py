@@ -18,14 +18,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
 from hexhelix.ir.errors import HexhelixError, InvalidInputError, UnsupportedError
 from hexhelix.ir.program import Program
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import DATASETS
 from .refcheck import Tolerance, compare_with_reference
-from .torch_exec import Executor, RunOptions
+from .torch_exec import Executor, RunOptions, check_rank_program
 from .torch_groups import RankContext, create_groups, pick_backend
 from .torch_model import OptimConfig
 from .watchdog import Watchdog
@@ -81,6 +80,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     _setup_logging(rank, bool(env.get("HEXHELIX_DEBUG")))
     try:
         program = _load(args, world)
+        check_rank_program(program, rank)
         fault = tuple(int(x) for x in args.fault.split(":")) if args.fault else None
         opts = RunOptions(seed=args.seed, dataset=args.data, optim=OptimConfig(lr=args.lr),
                           co_execute=not args.sequential, fault=fault,
@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     if device.type == "cuda":
         device = torch.device("cuda", int(env.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    timeout = timedelta(seconds=args.timeout)
+    # gloo/NCCL give up a little after the watchdog, so a hang is reported with every rank's
+    # position first; they remain the backstop for setup and for the final collectives
+    timeout = timedelta(seconds=args.timeout + max(5.0, 0.5 * args.timeout))
     if "MASTER_ADDR" in env:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     else:  # a plain `python -m hexhelix.runtime` of a 1-rank program
@@ -103,8 +105,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     watchdog = Watchdog(rank, program, args.timeout, store=store).start()
     try:
         ctx = RankContext(rank=rank, program=program, device=device, backend=backend, timeout=timeout)
-        watchdog.enter(-1, 0, "<create groups>")
-        create_groups(ctx)
+        create_groups(ctx)  # setup is bounded by the process-group timeout, not the watchdog
         ex = Executor(ctx, opts, watchdog)
         start = 0
         if args.resume:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.program import Program
 

@@ -15,7 +15,6 @@ from functools import cache
 from pathlib import Path
 
 import torch
-
 from hexhelix.ir.errors import InvalidInputError
 
 __all__ = ["CORPUS_PATH", "DataSource", "byte_tokens"]

@@ -151,3 +151,42 @@ def layer_kernels(model: ModelConfig, train: TrainingConfig, tp: int) -> list[tu
             raise ValueError(f"GEMM {op.name}: kernel shape {spec[1:4]} disagrees with the graph's FLOPs")
         out.append((op, spec))
     return out
+
+
+def make_layer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                    seed: int = 0) -> Callable[[], Any]:
+    """One transformer layer's forward and backward through autograd, as a training step runs it
+    (TP-sharded shapes on one rank, no collectives): RMSNorm, QKV, causal SDPA, output projection,
+    residual, RMSNorm, SwiGLU MLP, residual. Timing it against the sum of the layer's isolated
+    kernels gives the framework overhead (autograd bookkeeping, launches, cold caches) that the
+    kernels alone miss."""
+    import torch
+    import torch.nn.functional as F
+
+    if isinstance(dtype, str):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    h, t, d = model.hidden, tp, model.head_dim
+    heads, kv, f = model.heads // t, model.kv_heads // t, model.ffn // t
+    b, s = train.micro_batch, train.seq_len
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.02).to(device=device, dtype=dtype).requires_grad_(True)
+
+    wq, wo = w((heads + 2 * kv) * d, h), w(h, heads * d)
+    w1, w2, n1, n2 = w(2 * f, h), w(h, f), w(h), w(h)
+    x0 = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
+    g = torch.ones(b, s, h, device=device, dtype=dtype)
+
+    def step() -> None:
+        y = F.rms_norm(x0, (h,), n1, 1e-5)
+        q, k, v = F.linear(y, wq).split((heads * d, kv * d, kv * d), dim=-1)
+        q, k, v = (z.view(b, s, -1, d).transpose(1, 2) for z in (q, k, v))
+        if kv != heads:
+            k, v = (z.repeat_interleave(heads // kv, dim=1) for z in (k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
+        x1 = x0 + F.linear(a, wo)
+        gate, up = F.linear(F.rms_norm(x1, (h,), n2, 1e-5), w1).chunk(2, dim=-1)
+        out = x1 + F.linear(F.silu(gate) * up, w2)
+        out.backward(g)
+    return step

@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-
 from hexhelix.ir.model import ModelConfig, TrainingConfig
 
 from .data import DataSource

@@ -307,7 +307,10 @@ class _Engine:
                 for ri, cons in p.consumer[r].items():
                     tid = p.link[r][ri]
                     if cons == i and not self.t_done[tid]:
-                        out.append((p.t_src[tid], p.strand[p.t_src[tid]][p.t_si[tid]]))
+                        if not self.t_recv_posted[tid]:  # its RECV sits in the other strand
+                            out.append((r, p.strand[r][ri]))
+                        else:
+                            out.append((p.t_src[tid], p.strand[p.t_src[tid]][p.t_si[tid]]))
             edges[(r, s)] = [v for v in out if v in blocked]
         cycle = _find_cycle(edges)
         where = cycle or sorted(blocked)[:8]

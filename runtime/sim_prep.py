@@ -87,56 +87,85 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
     alloc: list[list[int]] = []
     free: list[list[int]] = []
     consumers: list[dict[tuple[int, int, int, int], int]] = []
+    sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    groups = {g.name: g.ranks for g in program.groups}
+    issued: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for r, prog in enumerate(program.programs):
+        n = len(prog)
         c_r = [CODE[ins.op] for ins in prog]
-        d_r = [0.0] * len(prog)
-        s_r = [0] * len(prog)
-        a_r = [0] * len(prog)
-        f_r = [0] * len(prog)
+        d_r = [ins.dur for ins in prog]
+        s_r = [0] * n
+        a_r = [0] * n
+        f_r = [0] * n
+        # the first op of a key consumes its RECV (per-layer parts: docs/program.md §4)
         by_key: dict[tuple[int, int, int, int], int] = {}
         fbytes: dict[tuple[int, int, int], int] = {}
         sq: list[list[int]] = [[] for _ in range(nstr)]
         for i, ins in enumerate(prog):
             c = c_r[i]
-            parts = ins.pair if c == PAIR and ins.pair is not None else (ins,)
-            if c == PAIR:
+            st = ins.strand
+            if c == SEND or c == RECV:
+                peer = ins.peer
+                if not 0 <= peer < W or peer == r:
+                    raise _fail(program, r, i, f"peer {peer} is not another rank of 0..{W - 1}")
+                if c == SEND:
+                    sends[(r, peer, ins.ch)].append(i)
+                else:
+                    recvs[(peer, r, ins.ch)].append(i)
+                d_r[i] *= comm_scale
+            elif c == F:
+                by_key.setdefault((F, ins.stage, ins.mb, st), i)
+                fbytes[(ins.stage, ins.mb, st)] = a_r[i] = ins.bytes
+            elif c == B or c == BI or c == BW:
+                if c != BW:
+                    by_key.setdefault((B, ins.stage, ins.mb, st), i)
+                if c != BI:
+                    f_r[i] = ins.bytes or fbytes.get((ins.stage, ins.mb, st), 0)
+            elif c == PAIR:
                 if ins.pair is None:
                     raise _fail(program, r, i, "PAIR without its two ops")
                 a, b = ins.pair
                 if pair_oef is not None:
                     d_r[i] = pair_time(a, b, pair_oef)
-                elif ins.dur > 0:
-                    d_r[i] = ins.dur
-                else:
+                elif ins.dur <= 0:
                     d_r[i] = pair_time(a, b, default_oef)
-            elif c in (SEND, RECV, COLL, GS):
-                d_r[i] = ins.dur * comm_scale
-            else:
-                d_r[i] = ins.dur
-            for p in parts:
-                if p.strand < 0 or p.strand >= nstr:
-                    raise _fail(program, r, i, f"strand {p.strand} outside 0..{nstr - 1} "
-                                               f"(header strands = {program.strands})")
-                pc = CODE[p.op]
-                if pc == F:
-                    by_key[(F, p.stage, p.mb, p.strand)] = i
-                    fbytes[(p.stage, p.mb, p.strand)] = p.bytes
-                    a_r[i] += p.bytes
-                elif pc in (B, BI):
-                    by_key[(B, p.stage, p.mb, p.strand)] = i
-                    if pc == B:
-                        f_r[i] += p.bytes or fbytes.get((p.stage, p.mb, p.strand), 0)
-                elif pc == BW:
-                    f_r[i] += p.bytes or fbytes.get((p.stage, p.mb, p.strand), 0)
-            if c in (SYNC, PAIR):
+                for p in (a, b):
+                    if not 0 <= p.strand < nstr:
+                        raise _fail(program, r, i, f"strand {p.strand} outside 0..{nstr - 1}")
+                    pc = CODE[p.op]
+                    if pc == F:
+                        by_key.setdefault((F, p.stage, p.mb, p.strand), i)
+                        fbytes[(p.stage, p.mb, p.strand)] = p.bytes
+                        a_r[i] += p.bytes
+                    elif pc in (B, BI, BW):
+                        if pc != BW:
+                            by_key.setdefault((B, p.stage, p.mb, p.strand), i)
+                        if pc != BI:
+                            f_r[i] += p.bytes or fbytes.get((p.stage, p.mb, p.strand), 0)
+                    else:
+                        raise _fail(program, r, i, f"PAIR half {p} is not a compute op")
+            elif c == COLL:
+                if ins.group not in groups:
+                    raise _fail(program, r, i, f"unknown group {ins.group!r}")
+                issued[("C", ins.group)][r].append(i)
+                d_r[i] *= comm_scale
+            elif c == GS:
+                if ins.bucket not in program.grad_sync:
+                    raise _fail(program, r, i, f"unknown bucket {ins.bucket!r} (not in the header's grad_sync)")
+                issued[("G", ins.bucket)][r].append(i)
+                d_r[i] *= comm_scale
+            if c == SYNC or c == PAIR:
                 s_r[i] = JOINT
                 for s in range(nstr):
                     sq[s].append(i)
             else:
-                s_r[i] = ins.strand if c not in (GS, OPT) else 0
-                if not 0 <= s_r[i] < nstr:
-                    raise _fail(program, r, i, f"strand {ins.strand} outside 0..{nstr - 1}")
-                sq[s_r[i]].append(i)
+                if c == GS or c == OPT:
+                    st = 0
+                elif not 0 <= st < nstr:
+                    raise _fail(program, r, i, f"strand {st} outside 0..{nstr - 1} (header strands = {nstr})")
+                s_r[i] = st
+                sq[st].append(i)
         code.append(c_r)
         dur.append(d_r)
         strand.append(s_r)
@@ -149,18 +178,6 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
     ndeps = [[0] * len(p) for p in program.programs]
     recv_in = [[0] * len(p) for p in program.programs]
     consumer: list[dict[int, int]] = [{} for _ in range(W)]
-    # ---- point-to-point: FIFO per (src, dst, ch)
-    sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-    for r, prog in enumerate(program.programs):
-        for i, ins in enumerate(prog):
-            if ins.op is Op.SEND or ins.op is Op.RECV:
-                if not 0 <= ins.peer < W or ins.peer == r:
-                    raise _fail(program, r, i, f"peer {ins.peer} is not another rank of 0..{W - 1}")
-                if ins.op is Op.SEND:
-                    sends[(r, ins.peer, ins.ch)].append(i)
-                else:
-                    recvs[(ins.peer, r, ins.ch)].append(i)
     t_src: list[int] = []
     t_si: list[int] = []
     t_dst: list[int] = []
@@ -203,18 +220,6 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
     c_members: list[list[tuple[int, int]]] = []
     c_dur: list[float] = []
     c_cls: list[int] = []
-    groups = {g.name: g.ranks for g in program.groups}
-    issued: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for r, prog in enumerate(program.programs):
-        for i, ins in enumerate(prog):
-            if ins.op is Op.COLL:
-                if ins.group not in groups:
-                    raise _fail(program, r, i, f"unknown group {ins.group!r}")
-                issued[("C", ins.group)][r].append(i)
-            elif ins.op is Op.GRAD_SYNC:
-                if ins.bucket not in program.grad_sync:
-                    raise _fail(program, r, i, f"unknown bucket {ins.bucket!r} (not in the header's grad_sync)")
-                issued[("G", ins.bucket)][r].append(i)
     for (kind, name), per_rank in sorted(issued.items()):
         if kind == "C":
             members = tuple(groups[name])

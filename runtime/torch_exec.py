@@ -19,6 +19,7 @@ schedule_ir.md §7–8.8, the gloo pitfalls of §1.10):
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,8 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from hexhelix.ir.errors import HexhelixError, InvalidInputError, UnsupportedError
+from hexhelix.ir.params import param_layout, stage_param_names
 from hexhelix.ir.program import Instr, Kind, Op, Program, StageInfo
 
 from .data import DataSource
@@ -36,7 +37,7 @@ from .torch_model import OptimConfig, StageModule
 from .torch_tp import TPComm
 from .watchdog import Watchdog, format_window
 
-__all__ = ["ExecutionError", "Executor", "RunOptions"]
+__all__ = ["ExecutionError", "Executor", "RunOptions", "check_rank_program"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,46 @@ class _StepState:
     losses: list[torch.Tensor] = field(default_factory=list)
 
 
+def check_rank_program(program: Program, rank: int) -> None:
+    """Static checks of one rank's list before any process group exists, so that a program this
+    runtime cannot run fails at start with one line on every rank (docs/program.md §4, §6).
+
+    * COLL has no tensor semantics yet and is rejected; PAIR halves must be compute ops;
+    * every element of every parameter the rank holds is in exactly one slice entry of the
+      buckets it syncs, so each gradient element gets its batch-share weight exactly once.
+    """
+    for pc, ins in enumerate(program.programs[rank]):
+        if ins.op is Op.COLL:
+            raise UnsupportedError(
+                f"rank {rank} pc {pc}: COLL ({ins}) has no tensor semantics in docs/program.md and the "
+                "compiler does not emit it; the torch runtime does not run it")
+        for half in ins.pair or ():
+            if half.op not in (Op.F, Op.B, Op.BI, Op.BW):
+                raise InvalidInputError(f"rank {rank} pc {pc}: PAIR half {half} is not a compute op",
+                                        field="programs")
+    local: dict[str, int] = {}
+    for st in program.stages:
+        if rank in st.ranks:
+            names = set(stage_param_names(program.model, list(range(*st.layers)), st.embed, st.head))
+            for spec in param_layout(program.model):
+                if spec.name in names:
+                    local[spec.name] = spec.numel // (len(st.ranks) if spec.shard_dim is not None else 1)
+    shapes = {p.name: p.shape for p in param_layout(program.model)}
+    covered: Counter = Counter()
+    for b in {ins.bucket for ins in program.programs[rank] if ins.op is Op.GRAD_SYNC}:
+        if b not in program.grad_sync:
+            raise InvalidInputError(f"rank {rank}: GRAD_SYNC names bucket {b!r} that the header lacks",
+                                    field="grad_sync")
+        for e in program.grad_sync[b]:
+            if e.param in local:
+                covered[e.param] += (e.hi - e.lo) * math.prod(shapes[e.param]) // shapes[e.param][e.dim]
+    for name, n in local.items():
+        if covered[name] != n:
+            raise InvalidInputError(
+                f"rank {rank}: the slice plan covers {covered[name]} of the {n} local elements of {name}; "
+                "recompile the program", field="grad_sync")
+
+
 class Executor:
     """Holds one rank's stage modules, optimizer and dispatch table; ``run_step`` replays the list."""
 
@@ -98,8 +139,7 @@ class Executor:
         # canonical [lo, ...) offset of each local parameter along its shard dim (None: replicated)
         self.shard_lo = {n: sl for m in self.modules.values() for n, sl in m.canonical_slices().items()}
         self.optimizer = opts.optim.build(self.params.values())
-        self._check_instructions()
-        self._check_slice_cover()
+        check_rank_program(prog, ctx.rank)
         self.uses = self._count_uses()
         self.dispatch = {
             Op.LOAD: self._load, Op.F: self._forward, Op.B: self._backward, Op.BI: self._backward_input,
@@ -121,33 +161,6 @@ class Executor:
         for strand in range(prog.strands):
             self.comms[(st.id, strand)] = TPComm(group=self.ctx.group_for(st.tp_group, strand), size=tp, rank=j,
                                                  sequence_parallel=prog.training.sequence_parallel)
-
-    def _check_instructions(self) -> None:
-        for pc, ins in enumerate(self.instrs):
-            if ins.op is Op.COLL:
-                raise UnsupportedError(
-                    f"rank {self.rank} pc {pc}: COLL ({ins}) has no tensor semantics in docs/program.md "
-                    "and the compiler does not emit it; the torch runtime does not run it")
-            for half in ins.pair or ():
-                if half.op not in (Op.F, Op.B, Op.BI, Op.BW):
-                    raise InvalidInputError(f"rank {self.rank} pc {pc}: PAIR half {half} is not a compute op",
-                                            field="programs")
-
-    def _check_slice_cover(self) -> None:
-        """Every element of every local parameter is in exactly one of this rank's slice entries, so
-        GRAD_SYNC applies the batch-share weight once per element (docs/program.md §6)."""
-        covered: Counter = Counter()
-        mine = {ins.bucket for ins in self.instrs if ins.op is Op.GRAD_SYNC}
-        for b in mine:
-            for e in self.program.grad_sync[b]:
-                if e.param in self.params:
-                    p = self.params[e.param]
-                    covered[e.param] += (e.hi - e.lo) * p.numel() // p.shape[e.dim]
-        for name, p in self.params.items():
-            if covered[name] != p.numel():
-                raise InvalidInputError(
-                    f"rank {self.rank}: the slice plan covers {covered[name]} of the {p.numel()} local "
-                    f"elements of {name}; recompile the program", field="grad_sync")
 
     def _count_uses(self) -> Counter:
         """How many times each produced boundary tensor is consumed on this rank (SENDs plus the
@@ -190,10 +203,11 @@ class Executor:
             except HexhelixError:
                 raise
             except Exception as err:
+                where = self.watchdog.positions(pc) if self.watchdog is not None else {self.rank: pc}
                 raise ExecutionError(
                     f"rank {self.rank}: step {step} pc {pc} ({ins}) failed: {type(err).__name__}: "
                     f"{str(err).splitlines()[0] if str(err) else ''}\n"
-                    + format_window(self.program, {self.rank: pc}, fallback=pc)) from err
+                    + format_window(self.program, where, fallback=pc)) from err
         for work, _ in self.st.sends:
             work.wait()
         leftover = [k for k, v in self.st.stash.items() if v is not None]

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from hexhelix.ir.program import Program
 
 __all__ = ["RankContext", "create_groups", "pick_backend"]

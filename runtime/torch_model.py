@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hexhelix.ir.errors import UnsupportedError
 from hexhelix.ir.model import ModelConfig
 from hexhelix.ir.params import ParamSpec, param_layout
+from torch import nn
 
 from .torch_tp import (
     TPComm,

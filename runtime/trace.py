@@ -46,7 +46,7 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
             events.append({"ph": "X", "name": str(ins), "cat": ins.op.value, "pid": r, "tid": stream,
                            "ts": start * _US, "dur": (end - start) * _US,
                            "args": {"index": i, "bytes": ins.bytes}})
-    for fid, (src, si, dst, ri, start, end) in enumerate(tl.flows):
+    for fid, (src, si, dst, ri, start, _end) in enumerate(tl.flows):
         name = f"{prog.programs[src][si]} -> {prog.programs[dst][ri]}"
         # the arrow leaves the SEND's slice and enters the RECV's (both span the transfer)
         events.append({"ph": "s", "id": fid, "name": name, "cat": "p2p", "pid": src,

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from hexhelix.ir.program import Program
@@ -91,10 +90,13 @@ class Watchdog:
                 self.on_fire(EXIT_HANG)
                 return
 
+    def positions(self, pc: int) -> dict[int, int]:
+        """This rank's pc and those the other ranks published within ~2 s (best effort)."""
+        return {self.rank: pc, **self._exchange(pc)}
+
     def report(self, pos: tuple[int, int, str, float]) -> str:
         step, pc, label, _ = pos
-        positions = {self.rank: pc}
-        positions.update(self._exchange(pc))
+        positions = self.positions(pc)
         return (f"rank {self.rank}: hang — no progress for {self.timeout:g} s in step {step} at pc {pc} "
                 f"({label}); positions of the ranks that reported ([x] = current instruction):\n"
                 + format_window(self.program, positions, fallback=pc))
@@ -117,7 +119,3 @@ class Watchdog:
         except Exception as err:  # a dead store must not hide the report
             logger.debug("watchdog: position exchange failed: %s", err)
         return out
-
-
-def as_timedelta(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)

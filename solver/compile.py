@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hexhelix.ir.cluster import Cluster
-from hexhelix.ir.lower import PipeLayout, lower
+from hexhelix.ir.errors import UnsupportedError
+from hexhelix.ir.lower import NullEstimator, PipeLayout, lower
 from hexhelix.ir.opgraph import OpClass
 from hexhelix.ir.plan import Plan, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
@@ -28,21 +29,55 @@ from .evaluate import stage_cost, stage_params
 __all__ = ["CostEstimator", "compile_plan", "pair_savings_of"]
 
 
-def pair_savings_of(pairing: Any) -> dict[int, float]:
-    """Per-TP-degree saving g of a co-executed tick from a pairing result.
+def pair_savings_of(pairing: Any, plan: Plan, profile: Profile = DEFAULT_PROFILE
+                    ) -> tuple[dict[tuple[str, int], float], dict[str, Any]]:
+    """Per-(GPU type, TP degree) saving g of one co-executed layer pair, and what to record in
+    the program's ``meta["pairing"]``.
 
-    Accepts ``None`` (no pairing: g = 0), a mapping ``{tp: g}``, or an object with a
-    ``savings`` / ``pair_savings`` mapping or a ``saving(tp)`` method (the pairing engineer's
-    PairingPlan). Savings are clamped to [0, 1)."""
+    ``pairing`` is ``None`` (no pairing), a mapping ``{tp: g}`` (every GPU type), or the result of
+    :func:`hexhelix.solver.pairing.stage_pairings` — ``{(gpu, tp): PairingResult}``; then
+    g = 1 − makespan / sequential time of the layer pair (as
+    :func:`hexhelix.solver.pairing.pair_saving`), and the blocks (authors' ``DCBlocks`` form) are
+    recorded for the runtime. Savings are clamped to [0, 1)."""
     if pairing is None:
-        return {}
-    table = pairing if isinstance(pairing, Mapping) else getattr(pairing, "savings", None) or getattr(
-        pairing, "pair_savings", None)
-    if table is None and callable(getattr(pairing, "saving", None)):
-        return {tp: min(max(float(pairing.saving(tp)), 0.0), 0.999) for tp in (1, 2, 4, 8, 16)}
-    if not isinstance(table, Mapping):
-        raise TypeError(f"cannot read pair savings from {type(pairing).__name__}")
-    return {int(k): min(max(float(v), 0.0), 0.999) for k, v in table.items()}
+        return {}, {}
+    if not isinstance(pairing, Mapping):
+        raise UnsupportedError(f"pairing must be a mapping {{tp: g}} or stage_pairings(...) output, "
+                               f"got {type(pairing).__name__}")
+    gpus = sorted({plan.problem.cluster.gpu_of_node(st.node).name for p in plan.pipelines for st in p.stages})
+    savings: dict[tuple[str, int], float] = {}
+    meta: dict[str, Any] = {}
+    for key, val in pairing.items():
+        if isinstance(key, int):
+            for g in gpus:
+                savings[(g, key)] = min(max(float(val), 0.0), 0.999)
+            meta[f"tp{key}"] = {"saving": savings[(gpus[0], key)] if gpus else float(val)}
+            continue
+        gpu_name, tp = key
+        res = val
+        g = _result_saving(plan, gpu_name, tp, res, profile)
+        savings[(gpu_name, tp)] = g
+        meta[f"{gpu_name}/tp{tp}"] = {
+            "saving": g, "solver": res.solver, "status": str(res.status.value if hasattr(res.status, "value")
+                                                            else res.status),
+            "DCBlocks": res.plan.to_dict()["DCBlocks"] if res.plan is not None else None}
+    return savings, meta
+
+
+def _result_saving(plan: Plan, gpu_name: str, tp: int, res: Any, profile: Profile) -> float:
+    import math
+
+    from .pairing_costs import build_pairing_problem
+
+    pr = plan.problem
+    node = next(st.node for p in plan.pipelines for st in p.stages
+                if st.tp == tp and pr.cluster.gpu_of_node(st.node).name == gpu_name)
+    problem = build_pairing_problem(pr.model, pr.training, tp, pr.cluster.gpu_of_node(node),
+                                    cost.cluster_link(pr.cluster, node, node), profile)
+    seq = sum(o.duration_s for o in problem.ops)
+    if seq <= 0 or not math.isfinite(res.makespan_s):
+        return 0.0
+    return min(max(1.0 - res.makespan_s / seq, 0.0), 0.999)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +87,7 @@ class CostEstimator:
     plan: Plan
     devices: tuple[int, ...]  # rank -> cluster device id
     profile: Profile = DEFAULT_PROFILE
-    savings: Mapping[int, float] | None = None
+    savings: Mapping[tuple[str, int], float] | None = None  # (GPU type, TP) -> pair saving g
 
     @property
     def _cluster(self) -> Cluster:
@@ -77,6 +112,12 @@ class CostEstimator:
             act += cost.head_activation_bytes(pr.model, pr.training, tp)
         return (sc.fwd if op is Op.F else sc.bwd), int(act)
 
+    def compute_layer(self, stage: StageInfo, op: Op, layer: int) -> tuple[float, int]:
+        lo, hi = stage.layers
+        part = replace(stage, layers=(layer, layer + 1), embed=stage.embed and layer == lo,
+                       head=stage.head and layer == hi - 1)
+        return self.compute(part, op)
+
     def boundary_bytes(self) -> int:
         return cost.boundary_bytes(self.plan.problem.model, self.plan.problem.training)
 
@@ -99,11 +140,12 @@ class CostEstimator:
         return cost.optimizer_time(params, gpu, program.training, self.profile)
 
     def pair(self, a: Instr, b: Instr, stage: StageInfo) -> float:
-        g = (self.savings or {}).get(len(stage.ranks), 0.0)
+        gpu = self._cluster.devices()[self.devices[stage.ranks[0]]].gpu.name
+        g = (self.savings or {}).get((gpu, len(stage.ranks)), 0.0)
         return max((1.0 - g) * (a.dur + b.dur), a.dur, b.dur)
 
 
-def _rank_infos(plan: Plan, devices: tuple[int, ...]) -> list[RankInfo]:
+def _rank_infos(plan: Plan, devices: tuple[int, ...], schedule: str) -> list[RankInfo]:
     cl, model, tr = plan.problem.cluster, plan.problem.model, plan.problem.training
     devs = cl.devices()
     out = []
@@ -113,8 +155,9 @@ def _rank_infos(plan: Plan, devices: tuple[int, ...]) -> list[RankInfo]:
         tp = 1
         for pipe in plan.pipelines:
             for k, st in enumerate(pipe.stages):
-                if d in st.gpus:
-                    params, tp = stage_params(model, st.num_layers, k == 0, k == len(pipe.stages) - 1), st.tp
+                if d in st.gpus:  # under W-shape folding the head lands on stage 0 with the embedding
+                    head = k == 0 if schedule == "wshape" else k == len(pipe.stages) - 1
+                    params, tp = stage_params(model, st.num_layers, k == 0, head), st.tp
         out.append(RankInfo(rank=r, node=cl.nodes[dev.node].name, gpu=dev.gpu.name,
                             capacity_bytes=int(dev.gpu.memory_bytes),
                             state_bytes=int(cost.model_state_bytes(params, tp, tr))))
@@ -122,7 +165,7 @@ def _rank_infos(plan: Plan, devices: tuple[int, ...]) -> list[RankInfo]:
 
 
 def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEFAULT_PROFILE,
-                 pairing: Any = None) -> Program:
+                 pairing: Any = None, *, estimates: bool = True) -> Program:
     """Compile ``plan`` into per-rank programs (docs/program.md).
 
     Parameters
@@ -134,8 +177,13 @@ def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEF
     profile
         cost-model calibration for the per-op ``dur``/``bytes`` estimates.
     pairing
-        optional pair savings for W-shape ticks (see :func:`pair_savings_of`); without it a PAIR's
-        estimate is the sum of its halves.
+        optional DHelix pairing for W-shape (see :func:`pair_savings_of`): when given, every
+        co-executed tick is expanded per layer pair (docs/program.md §7) and each layer pair's
+        estimate is (1 − g)·(f + b); without it a PAIR holds the whole F and B and its estimate is
+        their sum.
+    estimates
+        False: structure only (every ``dur``/``bytes`` 0; bucket order then follows bucket
+        numbering) — for golden files that must not move with the cost model.
 
     Raises
     ------
@@ -155,6 +203,10 @@ def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEF
     plan_hash = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
     meta = {"compiler": "hexhelix.solver.compile", "plan_hash": plan_hash, "devices": list(devices),
             "profile": profile.device}
-    est = CostEstimator(plan, devices, profile, pair_savings_of(pairing))
+    savings, pair_meta = pair_savings_of(pairing, plan, profile)
+    if pairing is not None:
+        meta["pairing"] = pair_meta
+    est = CostEstimator(plan, devices, profile, savings) if estimates else NullEstimator()
     return lower(schedule=schedule, model=plan.problem.model, training=plan.problem.training, pipes=layouts,
-                 ranks=_rank_infos(plan, devices), estimator=est, pairing=pairing, meta=meta)
+                 ranks=_rank_infos(plan, devices, schedule), estimator=est,
+                 per_layer_pairs=pairing is not None and schedule == "wshape", meta=meta)

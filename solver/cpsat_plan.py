@@ -8,6 +8,7 @@ with this backend. Status mapping is one tested function, :func:`map_cpsat_statu
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from hexhelix.ir.plan import PlanProblem
@@ -43,6 +44,7 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     """Solve ``lin`` with CP-SAT. One worker (the default) is deterministic for a fixed seed."""
     from ortools.sat.python import cp_model
 
+    t0 = time.monotonic()
     m = cp_model.CpModel()
     v = [m.new_int_var(lb, ub, name) for name, lb, ub in zip(lin.names, lin.lb, lin.ub)]
     for coefs, sense, rhs, _name in lin.rows:
@@ -57,7 +59,8 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     for i, val in (hint or {}).items():
         m.add_hint(v[i], int(val))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit))
+    # the limit covers building the model too (the caller's deadline is wall-clock)
+    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit) - (time.monotonic() - t0))
     solver.parameters.random_seed = int(seed)
     solver.parameters.num_workers = max(1, int(workers))
     solver.parameters.log_search_progress = bool(log)

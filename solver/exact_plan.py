@@ -88,7 +88,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     model and cuts off worse plans), ``initial_plan`` (a Plan used the same way), ``max_pipelines``
     (cap P; the bound is then only over the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
-    ``workers``, ``log``.
+    ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
+    bound and the result cannot be optimal), ``workers``, ``log``.
     """
     opts = dict(options or {})
     t0 = time.monotonic()
@@ -129,9 +130,10 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     logs: list[str] = []
     iterations = 0
     models: dict[int, Any] = {}
+    skipped: set[int] = set()
     seen: dict[int, set[tuple[int, ...]]] = {}
     while True:  # passes over the unproven pipeline counts until all are proven or time is up
-        todo = [P for P in p_values if not proven.get(P, False)]
+        todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
         if not todo or deadline - time.monotonic() <= 0.05:
             break
         progress_made = False
@@ -143,11 +145,17 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             ub = best[1].iteration_time_s if best else None
             if P not in models:
                 K = max(1, min(L, N - (P - 1) * gmin))
+                size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
+                if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
+                    logger.warning("P=%d: model of ~%d rows skipped (max_model_rows)", P, size)
+                    bounds[P], proven[P] = rate, False
+                    skipped.add(P)
+                    continue
                 models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub)
                 seen[P] = set()
                 bounds[P], proven[P] = rate, False
             elif ub is not None:
-                models[P].lin.add(dict(models[P].lin.objective), "<=", int(math.ceil(ub * scale)), "cutoff_pass")
+                models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
             pm = models[P]
             hint = pm.encode(best[0]) if best else None
             while True:
@@ -158,6 +166,10 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 iterations += 1
                 if out.log:
                     logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
+                if out.status == "error":  # the backend failed: do not retry this P
+                    logger.warning("P=%d: backend error", P)
+                    skipped.add(P)
+                    break
                 if out.status == "infeasible":
                     bounds[P] = ub if ub is not None else math.inf
                     proven[P] = True
@@ -174,7 +186,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 if best is None or ev.iteration_time_s < best[1].iteration_time_s:
                     best = (plan, ev)
                     ub = ev.iteration_time_s
-                    pm.lin.add(dict(pm.lin.objective), "<=", int(math.ceil(ub * scale)), f"cutoff_{iterations}")
+                    pm.lin.add(dict(pm.lin.objective), "<=", math.ceil(ub * scale), f"cutoff_{iterations}")
                 true_ticks = ev.iteration_time_s * scale
                 key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
                 slack = true_ticks - (out.objective or 0.0)
@@ -193,7 +205,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
     lower = min([bounds.get(P, rate) for P in range(1, pmax + 1)], default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
-                   "sync_cuts": sum(pm.cuts for pm in models.values()), "ticks_per_second": scale})
+                   "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
+                   "ticks_per_second": scale})
     log = "\n".join(logs)
     if best is None:
         if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):

@@ -46,7 +46,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
 from .evaluate import Evaluation, evaluate, stage_cost
-from .partition import EDGE_WEIGHTINGS, group_by_node, partition_pipelines, stripe_pipelines
+from .partition import EDGE_WEIGHTINGS, group_by_node, grouped_stripes, partition_pipelines
 from .result import SolveResult, SolveStatus
 from .stage_order import top_tau_paths
 
@@ -56,7 +56,7 @@ __all__ = ["StageCostTable", "allocate_micro_batches", "assign_layers", "max_pip
 logger = logging.getLogger(__name__)
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
-PHASE1 = ("stripe", *EDGE_WEIGHTINGS)  # phase-1 partitions tried for every pipeline count
+_EXHAUSTIVE = 256  # TP-split combinations per pipeline below which all are tried (else coordinate descent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +272,11 @@ class _PipelineSolver:
             self._orders[nodes] = [p for _, p in paths[:self.n_orders]]
         return self._orders[nodes]
 
-    def _descend(self, blocks: list[list[int]], m: int) -> tuple[float, list[Stage]]:
-        """Coordinate descent over each block's TP split (start: largest TP, most memory headroom)."""
+    def _descend(self, blocks: list[list[int]], m: int, start: Sequence[int] | None = None,
+                 rounds: int = 3) -> tuple[float, list[int], list[Stage]]:
+        """Best TP split per block (menu indices): every combination when there are at most 256,
+        else coordinate descent from ``start`` or from the largest TP everywhere (the most memory
+        headroom)."""
         devs = self.devs
         menus = [tp_splits(len(b), _valid_tp(self.problem, len(b))) for b in blocks]
 
@@ -290,9 +293,14 @@ class _PipelineSolver:
             r = self.layout(build(ch), m)
             return r[1] if r else math.inf
 
-        choice = [0] * len(blocks)
+        if start is None and math.prod(len(mu) for mu in menus) <= _EXHAUSTIVE:   # small: try every split
+            cur, choice = min(((score(list(ch)), list(ch)) for ch in itertools.product(*(range(len(mu))
+                                                                                         for mu in menus))),
+                              key=lambda sc: sc[0])
+            return cur, choice, build(choice)
+        choice = list(start) if start is not None else [0] * len(blocks)
         cur = score(choice)
-        for _ in range(3):
+        for _ in range(rounds):
             improved = False
             for j, menu in enumerate(menus):
                 for c in range(len(menu)):
@@ -304,11 +312,13 @@ class _PipelineSolver:
                         cur, choice, improved = s, trial, True
             if not improved:
                 break
-        return cur, build(choice)
+        return cur, choice, build(choice)
 
     def solve(self, gpus: Sequence[int], m: int) -> list[Stage] | None:
         """Best stage list (block order × TP split per machine block) for these GPUs at m micro-batches."""
         blocks = group_by_node(self.graph, gpus)
+        if len(blocks) > self.problem.model.layers:      # ≥ 1 stage per block, ≥ 1 layer per stage
+            return None
         nodes = tuple(self.devs[b[0]].node for b in blocks)
         key = (nodes, tuple(len(b) for b in blocks), m)
         if key in self._memo:
@@ -320,8 +330,13 @@ class _PipelineSolver:
             it = iter(ids)
             return [(node, tuple(next(it) for _ in g)) for node, g in stages]
         best: tuple[float, tuple[int, ...], list[Stage]] | None = None
+        per_block: dict[int, int] | None = None          # menu choice per block, from the first order
         for order in self._orders_of(nodes):
-            t, stages = self._descend([blocks[i] for i in order], m)
+            if per_block is None or len(blocks) <= 8:
+                t, ch, stages = self._descend([blocks[i] for i in order], m)
+                per_block = per_block or {i: c for i, c in zip(order, ch)}
+            else:                                        # many blocks: one round from the first choice
+                t, ch, stages = self._descend([blocks[i] for i in order], m, [per_block[i] for i in order], 1)
             if math.isfinite(t) and (best is None or t < best[0]):
                 best = (t, order, stages)
         self._memo[key] = None if best is None else (best[1], best[2])
@@ -450,6 +465,19 @@ def memory_shortfall(problem: PlanProblem) -> str:
             f"{model.total_params / 1e9:.2f} B params) plus activations; the cluster has {have}")
 
 
+def _phase1(graph, P: int, seed: int):
+    """Phase-1 candidates for P pipelines: vertical stripes over machine groups (every G dividing
+    P: G groups of machines × P/G slices), and METIS on the whole device graph with reciprocal
+    (the paper) and plain bandwidth weights."""
+    n_nodes = len({graph.nodes[v]["node_index"] for v in graph.nodes})
+    for G in range(1, min(P, n_nodes) + 1):
+        if P % G == 0:
+            yield f"stripes G={G}", grouped_stripes(graph, G, P // G, seed=seed)
+    if P <= graph.number_of_nodes():
+        for weighting in EDGE_WEIGHTINGS:
+            yield weighting, partition_pipelines(graph, P, seed=seed, weighting=weighting)
+
+
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
                    time_limit: float | None = None, tau: int = 3, patience: int = 4) -> SolveResult:
     """Plan with the fixed HexiScale heuristic (see the module docstring); status FEASIBLE or INFEASIBLE.
@@ -467,12 +495,10 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     for P in range(1, pmax + 1):
         if best is not None and P - best_P > patience:
             break                                   # no improvement for ``patience`` pipeline counts
-        for weighting in PHASE1:
-            if time_limit is not None and time.perf_counter() - t0 > time_limit and best is not None:
+        for label, groups in _phase1(ps.graph, P, seed):
+            if time_limit is not None and time.perf_counter() - t0 > time_limit:
                 truncated = True
                 break
-            groups = (stripe_pipelines(ps.graph, P) if weighting == "stripe"
-                      else partition_pipelines(ps.graph, P, seed=seed, weighting=weighting))
             key = tuple(tuple(g) for g in groups)
             if key in seen:
                 continue
@@ -482,19 +508,20 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
             if plan is None:
                 continue
             ev = evaluate(plan, profile)
-            logger.debug("hexiscale P=%d %s: %.4f s %s", P, weighting, ev.iteration_time_s, ev.violations)
+            logger.debug("hexiscale P=%d %s: %.4f s %s", P, label, ev.iteration_time_s, ev.violations)
             if ev.feasible and (best is None or ev.iteration_time_s < best[0]):
                 best, best_P = (ev.iteration_time_s, plan), P
         if truncated:
             break
     elapsed = time.perf_counter() - t0
     params = {"seed": seed, "tau": tau, "patience": patience, "time_limit": time_limit, "max_pipelines": pmax,
-              "candidates_tried": tried, "truncated": truncated, "phase1": list(PHASE1)}
+              "candidates_tried": tried, "truncated": truncated}
     if best is None:
-        return SolveResult(solver="hexiscale", status=SolveStatus.INFEASIBLE, plan=None, evaluation=None,
-                           solve_time_s=elapsed, params=params,
-                           reason="hexiscale (a heuristic, not a proof) found no plan within memory: "
-                                  + memory_shortfall(problem))
+        status = SolveStatus.TIMEOUT if truncated else SolveStatus.INFEASIBLE
+        why = (f"time limit {time_limit} s reached before hexiscale found a plan" if truncated else
+               "hexiscale (a heuristic, not a proof) found no plan within memory: " + memory_shortfall(problem))
+        return SolveResult(solver="hexiscale", status=status, plan=None, evaluation=None,
+                           solve_time_s=elapsed, params=params, reason=why)
     plan = Plan(problem=problem, pipelines=best[1].pipelines,
                 meta={"solver": "hexiscale", "seed": seed, "tau": tau})
     before = best[0]

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,12 +74,16 @@ def map_highs_status(model_status: str, has_solution: bool) -> str:
 
 def to_pulp(lin: LinearModel, name: str = "hexhelix_plan") -> tuple[Any, list[Any]]:
     """The PuLP problem and its variables for ``lin`` (``export_model``: ``prob.writeLP(path)``)."""
+    import warnings
+
     import pulp
 
     prob = pulp.LpProblem(name, pulp.LpMinimize)
-    v = [pulp.LpVariable(n.replace("[", "_").replace("]", "").replace(",", "_"), lowBound=lb, upBound=ub,
-                         cat="Integer" if integer else "Continuous")
-         for n, lb, ub, integer in zip(lin.names, lin.lb, lin.ub, lin.integer)]
+    with warnings.catch_warnings():  # PuLP 3.3 deprecates direct LpVariable construction (4.0 API)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        v = [pulp.LpVariable(n.replace("[", "_").replace("]", "").replace(",", "_"), lowBound=lb, upBound=ub,
+                             cat="Integer" if integer else "Continuous")
+             for n, lb, ub, integer in zip(lin.names, lin.lb, lin.ub, lin.integer)]
     prob += pulp.lpSum(c * v[i] for i, c in lin.objective.items())
     for k, (coefs, sense, rhs, rname) in enumerate(lin.rows):
         expr = pulp.lpSum(c * v[i] for i, c in coefs.items())
@@ -115,12 +120,15 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
     """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
     (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line)."""
+    import warnings
+
     import pulp
 
     if backend not in BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    t0 = time.monotonic()
     prob, v = to_pulp(lin)
-    tl = max(1.0, float(time_limit))
+    tl = max(1.0, float(time_limit) - (time.monotonic() - t0))  # the limit covers building the model too
     if hint:
         for i, val in hint.items():
             v[i].setInitialValue(val)
@@ -129,8 +137,10 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
         fd, path = tempfile.mkstemp(suffix=".log", prefix="hexhelix_cbc_")
         os.close(fd)
         try:
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=gap_rel, warmStart=bool(hint), logPath=path,
-                                       threads=1, options=[f"randomSeed {seed + 1}", "integerT 1e-9"])
+            with warnings.catch_warnings():  # PULP_CBC_CMD (the bundled binary) is deprecated in PuLP 4.0
+                warnings.simplefilter("ignore", DeprecationWarning)
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=gap_rel, warmStart=bool(hint), logPath=path,
+                                           threads=1, options=[f"randomSeed {seed + 1}", "integerT 1e-9"])
             if not solver.available():
                 raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
             prob.solve(solver)

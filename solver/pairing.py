@@ -71,7 +71,9 @@ RESULT_SCHEMA = "hexhelix.pairing-result/1"
 class PairingResult:
     """What a pairing method returns. ``makespan_s`` is the predicted time of one layer pair under
     the overlap model; ``bound_s`` a proven lower bound of the method's own model (None for
-    heuristics and baselines); ``schedule`` maps op name → (start, end) seconds."""
+    heuristics and baselines); ``schedule`` maps op name → (start, end) seconds. For ``cpsat``
+    the blocks are the windows between instants where nothing runs (where a barrier costs nothing);
+    two collectives of one link may share such a window, one after the other, never at once."""
 
     solver: str
     status: SolveStatus
@@ -187,61 +189,70 @@ class _Session:
         return f"barrier model, segment set '{self.segments}'"
 
     def run(self, solver: str) -> PairingResult:
-        t0 = time.perf_counter()
-        p, m = self.problem, self.model
-        if solver == "sequential":
-            blocks = [((i,), ()) for i in range(p.num_fwd)] + [((), (i,)) for i in range(p.num_fwd, len(p.ops))]
-            return _barrier_result(solver, p, m, blocks, SolveStatus.FEASIBLE, t0, "no co-execution")
-        if solver == "dp":
-            if self._dp is not None:
-                return self._dp
-            if self.options.get("enumerate"):
-                c, path = pairing_dp_enumerate(self.table)
-            else:
-                c, path = pairing_dp(self.table)
-            if not path:
-                return PairingResult(solver=solver, status=SolveStatus.INFEASIBLE, plan=None,
-                                     reason="the candidate segments cannot cover both strands")
-            self._dp_blocks = _edges_to_blocks(p, path)
-            self._dp = _barrier_result(solver, p, m, self._dp_blocks, SolveStatus.OPTIMAL, t0,
-                                       self.scope(), bound=c, params={"segments": self.segments})
+        """Run one method; the dispatch table is the list of methods."""
+        method = {"sequential": self._sequential, "dp": self._dp_method, "lattice": self._lattice,
+                  "lattice-cbc": self._lattice, "lattice-highs": self._lattice, "cpsat": self._cpsat}.get(solver)
+        if method is None:
+            raise InvalidInputError(f"unknown solver {solver!r}; choose one of {', '.join((*SOLVERS, 'all'))}",
+                                    field="solver")
+        return method(solver, time.perf_counter())
+
+    def _sequential(self, solver: str, t0: float) -> PairingResult:
+        p = self.problem
+        blocks = [((i,), ()) for i in range(p.num_fwd)] + [((), (i,)) for i in range(p.num_fwd, len(p.ops))]
+        return _barrier_result(solver, p, self.model, blocks, SolveStatus.FEASIBLE, t0, "no co-execution")
+
+    def _dp_method(self, solver: str, t0: float) -> PairingResult:
+        if self._dp is not None:
             return self._dp
-        if solver in ("lattice", "lattice-cbc", "lattice-highs"):
-            backend = "highs" if solver == "lattice-highs" else self.options.get("backend", "cbc")
-            opts = {k: self.options[k] for k in ("time_limit", "export_model") if k in self.options}
-            with _quiet_stdout(not self.options.get("log", False)):
-                r = solve_lattice(self.table, {**opts, "backend": backend, "msg": bool(self.options.get("log"))})
-            params = {"segments": self.segments, "backend": backend, "variables": r["variables"],
-                      **({"time_limit": opts["time_limit"]} if "time_limit" in opts else {})}
-            if not r["path"]:
-                return PairingResult(solver=solver, status=r["status"], plan=None, solve_time_s=r["solve_time_s"],
-                                     reason="no path decoded", params=params)
-            return _barrier_result(solver, p, m, _edges_to_blocks(p, r["path"]), r["status"], t0, self.scope(),
-                                   bound=r["bound"], params=params)
-        if solver == "cpsat":
-            if self.run("dp").plan is None:
-                return PairingResult(solver=solver, status=SolveStatus.ERROR, plan=None,
-                                     reason="no DP plan to start from")
-            starts, ends, charged, _ = _layout(m, self._dp_blocks)
-            opts = {k: self.options[k] for k in ("time_limit", "workers", "seed", "export_model", "log")
-                    if k in self.options}
-            r = solve_cpsat(m, (starts, ends, charged), opts)
-            windows = barrier_free_windows(r["starts"], r["ends"])
-            F = p.num_fwd
-            plan = plan_from_blocks(p, [(tuple(i for i in w if i < F), tuple(i for i in w if i >= F))
-                                        for w in windows], {"solver": solver, "barrier_free": True})
-            bound = max(r["bound"], lower_bound_s(p)) if r["bound"] is not None else lower_bound_s(p)
-            names = [o.name for o in p.ops]
-            return PairingResult(
-                solver=solver, status=r["status"], plan=plan, makespan_s=r["makespan"], bound_s=min(bound, r["makespan"]),
-                solve_time_s=time.perf_counter() - t0, hidden_comm_fraction=hidden_comm_fraction(p, r["makespan"]),
-                scope="barrier-free (bounds every plan)",
-                schedule={names[i]: (r["starts"][i], r["ends"][i]) for i in sorted(r["starts"])},
-                reason=f"CP-SAT {r['cp_status']} on a {r['tick_s']:.3g} s grid"
-                       + ("; the DP hint re-timed without barriers was kept" if r["hint_used"] else ""),
-                params={**r["params"], "tick_s": r["tick_s"]})
-        raise InvalidInputError(f"unknown solver {solver!r}; choose one of {', '.join((*SOLVERS, 'all'))}",
-                                field="solver")
+        p = self.problem
+        c, path = (pairing_dp_enumerate if self.options.get("enumerate") else pairing_dp)(self.table)
+        if not path:
+            return PairingResult(solver=solver, status=SolveStatus.INFEASIBLE, plan=None,
+                                 reason="the candidate segments cannot cover both strands")
+        self._dp_blocks = _edges_to_blocks(p, path)
+        self._dp = _barrier_result(solver, p, self.model, self._dp_blocks, SolveStatus.OPTIMAL, t0,
+                                   self.scope(), bound=c, params={"segments": self.segments})
+        return self._dp
+
+    def _lattice(self, solver: str, t0: float) -> PairingResult:
+        p = self.problem
+        backend = "highs" if solver == "lattice-highs" else \
+            ("cbc" if solver == "lattice-cbc" else self.options.get("backend", "cbc"))
+        opts = {k: self.options[k] for k in ("time_limit", "export_model") if k in self.options}
+        with _quiet_stdout(not self.options.get("log", False)):
+            r = solve_lattice(self.table, {**opts, "backend": backend, "msg": bool(self.options.get("log"))})
+        params = {"segments": self.segments, "backend": backend, "variables": r["variables"],
+                  **({"time_limit": opts["time_limit"]} if "time_limit" in opts else {})}
+        if not r["path"]:
+            return PairingResult(solver=solver, status=r["status"], plan=None, solve_time_s=r["solve_time_s"],
+                                 reason="no path decoded", params=params)
+        return _barrier_result(solver, p, self.model, _edges_to_blocks(p, r["path"]), r["status"], t0,
+                               self.scope(), bound=r["bound"], params=params)
+
+    def _cpsat(self, solver: str, t0: float) -> PairingResult:
+        p, m = self.problem, self.model
+        if self.run("dp").plan is None:
+            return PairingResult(solver=solver, status=SolveStatus.ERROR, plan=None, reason="no DP plan to start from")
+        starts, ends, charged, _ = _layout(m, self._dp_blocks)
+        opts = {k: self.options[k] for k in ("time_limit", "workers", "seed", "export_model", "log",
+                                             "linearization_level") if k in self.options}
+        r = solve_cpsat(m, (starts, ends, charged), opts)
+        F = p.num_fwd
+        windows = barrier_free_windows(r["starts"], r["ends"])
+        plan = plan_from_blocks(p, [(tuple(i for i in w if i < F), tuple(i for i in w if i >= F)) for w in windows],
+                                {"solver": solver, "barrier_free": True})
+        lb = lower_bound_s(p)
+        bound = min(max(r["bound"], lb) if r["bound"] is not None else lb, r["makespan"])
+        names = [o.name for o in p.ops]
+        return PairingResult(
+            solver=solver, status=r["status"], plan=plan, makespan_s=r["makespan"], bound_s=bound,
+            solve_time_s=time.perf_counter() - t0, hidden_comm_fraction=hidden_comm_fraction(p, r["makespan"]),
+            scope="barrier-free (bounds every plan)",
+            schedule={names[i]: (r["starts"][i], r["ends"][i]) for i in sorted(r["starts"])},
+            reason=f"CP-SAT {r['cp_status']} on a {r['tick_s']:.3g} s grid"
+                   + ("; the DP hint re-timed without barriers was kept" if r["hint_used"] else ""),
+            params={**r["params"], "tick_s": r["tick_s"]})
 
 
 def solve_pairing(problem: PairingProblem, solver: str = "dp", options: dict[str, Any] | None = None) -> PairingResult:

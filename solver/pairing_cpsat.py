@@ -16,7 +16,9 @@ Model (time in integer ticks; ``tick`` = sequential time / 10⁶):
   exactly one of {i before j: E_i ≤ S_j}, {j before i: E_j ≤ S_i}, {o_ij: may overlap, penalty
   paid}. This is the exact disjunctive linearisation of "overlapping pairs pay": a schedule where
   i and j intersect must have o_ij = 1.
-* ``_set_objective``: minimise the makespan C ≥ E_i.
+* ``_set_objective``: minimise the makespan C ≥ E_i, with the redundant C ≥ Σ sizes per resource.
+* ``_add_idle_cuts``: redundant cuts that charge an un-overlapped collective its duration on the
+  compute stream (see the function); they only tighten the relaxation.
 
 What is exact: the optimum of this model on the integer grid. Durations and penalties are
 rounded *down* to ticks, so every float schedule maps to an integer one that is no longer and the
@@ -121,6 +123,8 @@ def solve_cpsat(m: OverlapModel, hint: tuple[dict[int, float], dict[int, float],
     solver.parameters.num_workers = int(opts.get("workers", 2))
     solver.parameters.random_seed = int(opts.get("seed", 0))
     solver.parameters.log_search_progress = bool(opts.get("log", False))
+    if "linearization_level" in opts:
+        solver.parameters.linearization_level = int(opts["linearization_level"])
     code = solver.solve(model)
     status = {cp_model.OPTIMAL: SolveStatus.OPTIMAL, cp_model.FEASIBLE: SolveStatus.TIMEOUT,
               cp_model.UNKNOWN: SolveStatus.TIMEOUT}.get(code, SolveStatus.ERROR)
@@ -157,6 +161,7 @@ def _build(m: OverlapModel, tick: float, hs: dict[int, float], he: dict[int, flo
     _add_resources(model, m, h)
     _add_interference(model, m, h)
     C = _set_objective(model, n, horizon, h)
+    _add_idle_cuts(model, m, d0, pen, C, h)
     # hint: the DP plan re-timed on the integer grid (same decisions, floored durations)
     istart = {i: hs[i] / tick for i in range(n)}
     iend = {i: he[i] / tick for i in range(n)}
@@ -234,6 +239,47 @@ def _add_interference(model: cp_model.CpModel, m: OverlapModel, h: dict[str, Any
         model.add(h["end"][i] <= h["start"][j]).only_enforce_if(b)
         model.add(h["end"][j] <= h["start"][i]).only_enforce_if(a)
         h["before"][(i, j)], h["after"][(i, j)] = b, a
+
+
+def _add_idle_cuts(model: cp_model.CpModel, m: OverlapModel, d0: list[int], pen: dict, C: Any,
+                   h: dict[str, Any]) -> None:
+    """Redundant cut per link L: C ≥ Σ_compute size_i + Σ_{k on L} w_k, with
+    w_k ≥ ⌊d_k⌋ − Σ_c o_ck·ub_c, w_k ≥ 0 (ub_c = ⌊d_c⌋ + every penalty that can land on c), and
+    its integral form w_k ≥ ⌊d_k⌋·z_k, z_k + Σ_c o_ck ≥ 1 (z_k = 1: no compute op may overlap k).
+
+    Valid because only compute ops with o_ck = 1 can run during collective k (every other compute
+    op is ordered against k, by the DAG or by the disjunction), so the compute stream idles for at
+    least w_k inside k's span; the collectives of one link never overlap each other, so these idle
+    spans are disjoint and add to the compute stream's busy time. It tells the LP relaxation that
+    hiding a collective needs compute of the other strand that pays its penalty, which lifts the
+    bound above max(compute, link).
+    """
+    ub = list(d0)
+    for who, v in pen.values():
+        ub[who] += v
+    comp = [i for i, r in enumerate(m.resource) if r == "compute"]
+    touching: dict[int, list[Any]] = {}
+    touch_pairs: dict[int, list[tuple[int, int]]] = {}
+    for (i, j), o in h["o"].items():
+        if m.resource[i] == "compute" and m.resource[j] != "compute":
+            touching.setdefault(j, []).append(ub[i] * o)
+            touch_pairs.setdefault(j, []).append((i, j))
+        elif m.resource[j] == "compute" and m.resource[i] != "compute":
+            touching.setdefault(i, []).append(ub[j] * o)
+            touch_pairs.setdefault(i, []).append((i, j))
+    for link in sorted(set(m.resource) - {"compute"}):
+        terms = []
+        for k, r in enumerate(m.resource):
+            if r != link or not d0[k]:
+                continue
+            w = model.new_int_var(0, d0[k], f"w_{k}")
+            model.add(w + sum(touching.get(k, [])) >= d0[k])
+            z = model.new_bool_var(f"z_{k}")  # the same cut, integral: no compute op may overlap k
+            model.add(z + sum(h["o"][p] for p in touch_pairs.get(k, [])) >= 1)
+            model.add(w >= d0[k] * z)
+            terms.append(w)
+        if terms:
+            model.add(C >= sum(h["size"][i] for i in comp) + sum(terms))
 
 
 def _set_objective(model: cp_model.CpModel, n: int, horizon: int, h: dict[str, Any]) -> Any:

@@ -29,6 +29,7 @@ __all__ = [
     "coarsen",
     "edge_weight",
     "group_by_node",
+    "grouped_stripes",
     "metis_partition",
     "partition_pipelines",
     "split_pipeline",
@@ -183,7 +184,7 @@ def partition_pipelines(device_graph: nx.Graph, k: int, *, seed: int = 0,
     return metis_partition(device_graph, sorted(device_graph.nodes), k, weighting=weighting, seed=seed)
 
 
-def stripe_pipelines(device_graph: nx.Graph, k: int) -> list[list[int]]:
+def stripe_pipelines(device_graph: nx.Graph, k: int, gpus: Sequence[int] | None = None) -> list[list[int]]:
     """Phase 1, balanced vertical slices: every machine's GPUs dealt to the ``k`` pipelines in
     contiguous near-equal chunks (the remainder rotates so pipelines stay compute-balanced).
 
@@ -199,7 +200,7 @@ def stripe_pipelines(device_graph: nx.Graph, k: int) -> list[list[int]]:
     """
     parts: list[list[int]] = [[] for _ in range(k)]
     shift = 0
-    for block in group_by_node(device_graph, list(device_graph.nodes)):
+    for block in group_by_node(device_graph, list(device_graph.nodes) if gpus is None else gpus):
         base, rem = divmod(len(block), k)
         i = 0
         for j in range(k):
@@ -209,6 +210,38 @@ def stripe_pipelines(device_graph: nx.Graph, k: int) -> list[list[int]]:
             i += n
         shift = (shift + rem) % k
     return sorted((sorted(p) for p in parts if p), key=lambda p: p[0])
+
+
+def grouped_stripes(device_graph: nx.Graph, groups: int, stripes: int, *, seed: int = 0) -> list[list[int]]:
+    """Phase 1 for large clusters: METIS groups the *machines* (coarsened, bandwidth weights) into
+    ``groups`` machine-aligned groups, then each group is cut into ``stripes`` vertical slices.
+
+    ``groups = 1`` is :func:`stripe_pipelines`; ``stripes = 1`` gives machine-aligned pipelines.
+    Bounding the machines per pipeline keeps the stage count under the layer count on big clusters.
+
+    Returns
+    -------
+    list of list of int
+        Up to ``groups · stripes`` non-empty GPU groups.
+
+    Examples
+    --------
+    >>> g = nx.complete_graph(16)
+    >>> nx.set_node_attributes(g, {i: i // 4 for i in range(16)}, "node_index")
+    >>> nx.set_node_attributes(g, 1.0, "tflops")
+    >>> nx.set_edge_attributes(g, {e: (300e9 if e[0] // 4 == e[1] // 4 else 5e9) for e in g.edges}, "bandwidth")
+    >>> [len(p) for p in grouped_stripes(g, 2, 2)]
+    [4, 4, 4, 4]
+    """
+    blocks = group_by_node(device_graph, list(device_graph.nodes))
+    coarse = coarsen(device_graph, blocks)
+    k = max(1, min(groups, len(blocks)))
+    node_groups = metis_partition(coarse, list(coarse.nodes), k, weighting="bandwidth", seed=seed)
+    out: list[list[int]] = []
+    for ng in node_groups:
+        gpus = [g for i in ng for g in blocks[i]]
+        out.extend(stripe_pipelines(device_graph, max(1, min(stripes, len(gpus))), gpus))
+    return sorted(out, key=lambda p: p[0])
 
 
 def split_pipeline(device_graph: nx.Graph, gpus: Sequence[int], k: int, *, seed: int = 0) -> list[list[int]]:

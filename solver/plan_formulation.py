@@ -10,6 +10,7 @@ per stage plus exact *no-good cuts* added lazily by :mod:`.exact_plan` (logic-ba
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -83,7 +84,7 @@ class PlanModel:
 
     def ticks(self, seconds: float) -> int:
         """Seconds to ticks, rounded down (keeps the model a relaxation)."""
-        return int(math.floor(seconds * self.scale))
+        return math.floor(seconds * self.scale)
 
     # ----------------------------------------------------------------- decoding / encoding
     def decode(self, values: list[float]) -> Plan:
@@ -97,12 +98,12 @@ class PlanModel:
             for k in range(self.max_stages):
                 for c, opt in enumerate(self.tables.options):
                     if values[self.x[p, k, c]] > 0.5:
-                        layers = int(round(values[self.y[p, k, c]]))
+                        layers = round(values[self.y[p, k, c]])
                         gpus = tuple(free[opt.node][: opt.tp])
                         del free[opt.node][: opt.tp]
                         stages.append(StagePlan(node=opt.node, gpus=gpus, layers=(start, start + layers)))
                         start += layers
-            m = 1 + sum(int(round(values[i])) for (q, _), i in self.mb.items() if q == p)
+            m = 1 + sum(round(values[i]) for (q, _), i in self.mb.items() if q == p)
             pipes.append(PipelinePlan(stages=tuple(stages), micro_batches=m))
         return Plan(problem=pb, pipelines=tuple(pipes))
 
@@ -160,7 +161,7 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
     L, M = pb.model.layers, pb.training.num_micro_batches
     C, P, K = len(tables.options), pipelines, max_stages
     lin = LinearModel()
-    tk = lambda s: int(math.floor(s * scale))  # noqa: E731  (floor: the model stays a relaxation)
+    tk = lambda s: math.floor(s * scale)  # noqa: E731  (floor: the model stays a relaxation)
 
     x = {(p, k, c): lin.var(f"x[{p},{k},{c}]", 0, 1) for p in range(P) for k in range(K) for c in range(C)}
     y = {(p, k, c): lin.var(f"y[{p},{k},{c}]", 0, L) for p in range(P) for k in range(K) for c in range(C)}
@@ -171,7 +172,7 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
     stage_hi = _stage_time_cap(tables, tk)
     horizon = max(stage_hi * (K + mmax), 1)
     if cutoff_s is not None:
-        horizon = min(horizon, int(math.ceil(cutoff_s * scale)) + 1)
+        horizon = min(horizon, math.ceil(cutoff_s * scale) + 1)
     u_hi = min(stage_hi, horizon)
     hl = {(p, k, c): lin.var(f"hl[{p},{k},{c}]", 0, 1, integer=False) for p in range(P) for k in range(K) for c in range(C)}
     u = {(p, k): lin.var(f"u[{p},{k}]", 0, u_hi, integer=False) for p in range(P) for k in range(K)}
@@ -212,7 +213,8 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
         for k in range(K):
             for c in range(C):
                 lin.add({y[p, k, c]: 1, x[p, k, c]: -1}, ">=", 0, f"y_min[{p},{k},{c}]")
-                lin.add({y[p, k, c]: 1, x[p, k, c]: -L}, "<=", 0, f"y_max[{p},{k},{c}]")
+                cap1 = min(L, max(0, tables.max_layers(c, k == 0, False, 1)))  # memory at ≥ 1 in flight
+                lin.add({y[p, k, c]: 1, x[p, k, c]: -cap1}, "<=", 0, f"y_max[{p},{k},{c}]")
                 row = {i: -v for i, v in last(p, k).items()}
                 row[x[p, k, c]] = row.get(x[p, k, c], 0) - 1
                 row[hl[p, k, c]] = 1
@@ -236,7 +238,7 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
     for p in range(P):
         for k in range(K):
             row = {u[p, k]: 1}
-            for c, o in enumerate(tables.options):
+            for c, _o in enumerate(tables.options):
                 row[y[p, k, c]] = -tk(tables.time_layer[c])
                 if k == 0:
                     row[x[p, k, c]] = -tk(tables.time_first[c])
@@ -257,6 +259,11 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
             lin.add({w[p, v]: 1, U[p]: -1, mb[p, v]: -u_hi}, ">=", -u_hi, f"ramp[{p},{v}]")
         lin.add({t_pipe: 1, **{w[p, v]: -1 for v in range(2, mmax + 1)}, **{u[p, k]: -1 for k in range(K)}}, ">=", 0,
                 f"pipeline_time[{p}]")
+    # valid inequality: pipelines are sorted by m, so m_0 ≥ ⌈M/P⌉ and T ≥ (⌈M/P⌉ − 1)·U_0 + Σ_k u_0k
+    # holds with a constant coefficient (exact for P = 1) — unlike the big-M rows it survives the LP
+    lead = -(-M // P) - 1
+    lin.add({t_pipe: 1, U[0]: -lead, **{u[0, k]: -1 for k in range(K)}}, ">=", 0, "leading_pipeline")
+    _add_work_bound(lin, tables, tk, y, mb, u, t_pipe, P, K, L, mmax)
     # -- optimizer step and the gradient-sync lower bound, per stage
     model = pb.model
     for p in range(P):
@@ -275,10 +282,43 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
     # -- valid inequalities and cutoff
     lin.add({t_pipe: 1}, ">=", tk(tables.gpu_rate_bound()), "rate_bound")
     if cutoff_s is not None:
-        lin.add(dict(lin.objective), "<=", int(math.ceil(cutoff_s * scale)), "cutoff")
+        lin.add(dict(lin.objective), "<=", math.ceil(cutoff_s * scale), "cutoff")
     _add_symmetry_breaking(lin, tables, usage)
     return PlanModel(tables=tables, pipelines=P, max_stages=K, scale=scale, lin=lin, x=x, y=y, mb=mb, lay=lay,
                      t_sync=t_sync)
+
+
+def _add_work_bound(lin: LinearModel, tables: CostTables, tk, y, mb, u, t_pipe: int, P: int, K: int, L: int,
+                    mmax: int) -> None:
+    """Valid inequalities that survive the LP relaxation of (m−1)·U (whose big-M rows do not).
+
+    z[p,k,c] stands for m_p·y[p,k,c], the layer-micro-batches stage k processes. It is tied to the
+    integer variables by Σ_{k,c} z = L·m_p (exact) and the McCormick envelope of m ∈ [1, m_max],
+    y ∈ [0, L]. Because stage k works m·u_k ≥ Σ_c τ_c·z seconds and idles at least the other
+    stages' times during fill and drain, T_pipe ≥ (m−1)·u_k + Σ_j u_j ≥ Σ_c τ_c·z[p,k,c] + Σ_{j≠k} u[p,j]:
+    the per-pipeline total-work bound with its fill/drain bubble."""
+    C = len(tables.options)
+    for p in range(P):
+        m = {i: 1 for (q, _), i in mb.items() if q == p}  # m_p − 1
+        z = {(k, c): lin.var(f"z[{p},{k},{c}]", 0, mmax * L, integer=False) for k in range(K) for c in range(C)}
+        row = {z[kc]: 1 for kc in z}
+        for i in m:
+            row[i] = -L
+        lin.add(row, "==", L, f"work_sum[{p}]")
+        for (k, c), zi in z.items():
+            yi = y[p, k, c]
+            lin.add({zi: 1, yi: -mmax}, "<=", 0, f"work_hi[{p},{k},{c}]")
+            lin.add({zi: 1, yi: -1}, ">=", 0, f"work_lo[{p},{k},{c}]")
+            lin.add({zi: 1, yi: -mmax, **{i: -L for i in m}}, ">=", L - mmax * L, f"work_mc1[{p},{k},{c}]")
+            lin.add({zi: 1, yi: -1, **{i: -L for i in m}}, "<=", 0, f"work_mc2[{p},{k},{c}]")
+        for k in range(K):
+            row = {t_pipe: 1}
+            for c in range(C):
+                row[z[k, c]] = -tk(tables.time_layer[c])
+            for j in range(K):
+                if j != k:
+                    row[u[p, j]] = -1
+            lin.add(row, ">=", 0, f"work_bound[{p},{k}]")
 
 
 def _stage_time_cap(tables: CostTables, tk) -> int:
@@ -326,7 +366,7 @@ def _add_memory(lin: LinearModel, tables: CostTables, x, y, mb, last, P: int, K:
 def _add_symmetry_breaking(lin: LinearModel, tables: CostTables, usage: dict[int, dict[int, int]]) -> None:
     """Interchangeable nodes (same type, count and links): GPUs used on the earlier one ≥ on the later."""
     for group in identical_node_groups(tables.problem):
-        for a, b in zip(group, group[1:]):
+        for a, b in itertools.pairwise(group):
             row = dict(usage[a])
             for i, v in usage[b].items():
                 row[i] = row.get(i, 0) - v

@@ -27,15 +27,27 @@ def even_layers(num_stages: int, layers: int = 16) -> list[tuple[int, int]]:
     return out
 
 
+def random_layers(rng, num_stages: int, layers: int = 16, minimum: int = 1) -> list[tuple[int, int]]:
+    """A random split of ``layers`` into ``num_stages`` contiguous ranges of >= ``minimum`` layers."""
+    cuts = sorted(rng.sample(range(1, layers - num_stages * (minimum - 1)), num_stages - 1))
+    sizes = [b - a + minimum - 1 for a, b in zip([0, *cuts], [*cuts, layers - num_stages * (minimum - 1)])]
+    out, lo = [], 0
+    for n in sizes:
+        out.append((lo, lo + n))
+        lo += n
+    return out
+
+
 def make_plan(pipes: list[tuple[int, int, tuple[int, ...]]], schedule: str = "1f1b",
-              model: ModelConfig = MODEL16) -> Plan:
-    """``pipes``: per pipeline (stages P, micro-batches m, TP degrees cycled over the stages)."""
+              model: ModelConfig = MODEL16, layers: list[list[tuple[int, int]]] | None = None) -> Plan:
+    """``pipes``: per pipeline (stages P, micro-batches m, TP degrees cycled over the stages);
+    ``layers``: optional per-pipeline layer ranges (default: as even as possible)."""
     cl = cluster()
     node = 0
     out = []
-    for P, m, tps in pipes:
+    for p, (P, m, tps) in enumerate(pipes):
         stages = []
-        for k, lay in enumerate(even_layers(P, model.layers)):
+        for k, lay in enumerate(layers[p] if layers else even_layers(P, model.layers)):
             tp = tps[k % len(tps)]
             first = cl.node_gpus(node)[0]
             stages.append(StagePlan(node=node, gpus=tuple(range(first, first + tp)), layers=lay))

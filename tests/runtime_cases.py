@@ -29,6 +29,8 @@ CASES: dict[str, tuple[list[list[tuple[tuple[int, ...], tuple[int, int]]]], list
     # DHelix W-shape, two strands: 2 physical TP-1 stages, and 2 physical TP-2 stages
     "wshape-2": ([[((0,), (0, 4)), ((1,), (4, 8))]], [6], "wshape"),
     "wshape-tp2": ([[((0, 1), (0, 4)), ((2, 3), (4, 8))]], [4], "wshape"),
+    # two one-rank pipelines with 3 and 1 micro-batches (batch shares 3/4 and 1/4)
+    "dp-2": ([[((0,), (0, 8))], [((1,), (0, 8))]], [3, 1], "1f1b"),
 }
 
 
@@ -54,3 +56,41 @@ def write_program(name: str, directory: Path, **kw: object) -> Path:
     path = Path(directory) / f"{name}.json"
     path.write_text(build_program(name, **kw).to_json())  # type: ignore[arg-type]
     return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nprocs: int, args: list[str], *, timeout: float = 90.0) -> list[tuple[int, str, str]]:
+    """Start ``nprocs`` ranks of ``python -m hexhelix.runtime ARGS`` with torchrun's environment
+    contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on a free port; returns per rank
+    (exit status, stdout, stderr). Ranks still running after ``timeout`` seconds are killed and
+    report status None."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    procs = []
+    for r in range(nprocs):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        procs.append(subprocess.Popen([sys.executable, "-m", "hexhelix.runtime", *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            out.append((p.returncode, o, e))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+            out.append((None, o, e))  # type: ignore[arg-type]
+    return out

@@ -112,3 +112,32 @@ def test_compile_errors_are_one_line(tmp_path, capsys):
     assert len(err) == 1 and "at least 2 layers per stage" in err[0]
     assert main(["validate", str(plan)]) == 2  # a plan is not a program
     assert "expected schema 'hexhelix.program/1'" in capsys.readouterr().err
+
+
+def test_compile_is_byte_identical_across_hash_seeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    plan = _write_plan(tmp_path, [(2, 3, (2, 1)), (1, 2, (1,))], "wshape")
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"p{seed}.json"
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        cmd = "import sys; from hexhelix.cli import main; sys.exit(main(sys.argv[1:]))"
+        subprocess.run([sys.executable, "-c", cmd, "compile", str(plan), "-o", str(out)],
+                       check=True, env=env, capture_output=True, timeout=120)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_compile_pair_expands_layer_pairs(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    plan = _write_plan(tmp_path, [(2, 4, (2,))], "wshape")
+    assert main(["compile", str(plan), "--pair", "-o", str(out)]) == 0
+    prog = Program.load(str(out))
+    pairs = [i for p in prog.programs for i in p if i.op is Op.PAIR]
+    assert pairs and all(i.pair[0].layer >= 0 for i in pairs)
+    assert set(prog.meta["pairing"]) == {"A100-SXM4-80GB/tp2", "A40/tp2"}
+    assert main(["compile", str(plan), "--pair", "--schedule", "1f1b", "-o", str(out)]) == 2
+    assert "--pair applies to the wshape schedule only" in capsys.readouterr().err

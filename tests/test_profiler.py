@@ -131,6 +131,19 @@ def test_calibrated_profile_reproduces_measurements_in_the_cost_model(tiny, tmp_
     assert back.runtime_reserve_bytes == 123 * 2**20
 
 
+def test_layer_overhead_is_folded_into_every_class(tiny):
+    meas = _synthetic_measurements(tiny)
+    plain = calibrate(meas, steps=STEPS, factor=FACTOR)
+    meas.meta["layer_overhead"] = {1: 1.5, 2: 2.5}  # autograd layer took 1.5x / 2.5x its kernels
+    folded = calibrate(meas, steps=STEPS, factor=FACTOR)
+    unfolded = calibrate(meas, steps=STEPS, factor=FACTOR, fold_overhead=False)
+    for cls, e in plain.per_gpu_efficiency["cpu"].items():
+        assert folded.per_gpu_efficiency["cpu"][cls] == pytest.approx(e / 2.0)
+        assert unfolded.per_gpu_efficiency["cpu"][cls] == pytest.approx(e)
+        assert folded.meta["kernel_efficiency"][cls] == pytest.approx(e)
+    assert folded.meta["overhead_folded"] == pytest.approx(2.0)
+
+
 def test_profile_rejects_malformed_links():
     with pytest.raises(InvalidInputError, match="links.bogus"):
         Profile(links={"bogus": {"bw_factor": 1.0}})
@@ -151,6 +164,7 @@ def test_quick_profile_on_two_gloo_ranks_round_trips(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "compute ops of tiny at TP 2" in err and "point-to-point link" in err
     prof = load_profile(out)
+    assert "cluster_link" in prof.meta, prof.meta["link_fit"]
     assert Profile.from_dict(prof.to_dict()) == prof
     assert prof.meta["versions"]["torch"] and prof.meta["backend"] == "gloo"
     assert set(prof.per_gpu_efficiency["cpu"]) == {"gemm", "attention", "norm", "elementwise"}

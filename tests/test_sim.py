@@ -4,7 +4,6 @@ shared/reference/dhelix.md §3.4–3.5) and its execution semantics on tiny hand
 from __future__ import annotations
 
 import pytest
-
 from hexhelix.ir.errors import InvalidInputError, ScheduleError
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.program import GroupInfo, Instr, Kind, Op, PipeInfo, Program, RankInfo, StageInfo
@@ -80,7 +79,7 @@ def test_grad_sync_waits_for_every_member_and_opt_last() -> None:
     assert res.makespan_s == pytest.approx((4 + 1) * (F_ + B_) + 0.5 + 0.1)
     spans = res.timeline.spans
     # the bucket of stage 0 (ranks 0 and 2) starts at the same time on both members
-    gs = {r: [s for s in spans[r] if prog.programs[r][s[3]].op is Op.GRAD_SYNC][0] for r in (0, 2)}
+    gs = {r: next(s for s in spans[r] if prog.programs[r][s[3]].op is Op.GRAD_SYNC) for r in (0, 2)}
     assert gs[0][:2] == gs[2][:2]
 
 
@@ -212,3 +211,15 @@ def test_bad_options_are_rejected() -> None:
         SimOptions(p2p="buffered")
     with pytest.raises(InvalidInputError, match="pair_oef"):
         SimOptions(pair_oef=3.0)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_wshape_at_m_equal_P_has_no_pairs_and_beats_1f1b(P: int) -> None:
+    """m = P: no tick co-executes (dhelix.md §3.4 edge case), yet the two folded chunks per stage
+    fill the ramp like a 2-chunk interleaved 1F1B, so W ends before 1F1B's (2P−1)(f+b).
+    (The closed form (f+b)(P + (m−1)(1−g)) is derived for m > P.)"""
+    prog = synthetic_program("wshape", P, P, f=F_, b=B_, g=0.3)
+    assert not any(i.op is Op.PAIR for p in prog.programs for i in p)
+    w = simulate(prog).makespan_s
+    assert w < (2 * P - 1) * (F_ + B_)
+    assert w >= P * (F_ + B_)  # every stage still computes P micro-batches

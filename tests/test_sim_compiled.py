@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
@@ -57,20 +56,51 @@ def _with_schedule(plan: Plan, schedule: str) -> Plan:
 
 
 PLANS = {"example": _example_plan, "three-stage": _three_stage_plan, "two-pipelines": _two_pipeline_plan}
+GAP_EXPLAINED = {
+    "two-pipelines": "the evaluator adds the whole gradient sync after the slowest pipeline; in the program the "
+                     "buckets of early-finishing ranks start as soon as their members are done and overlap the "
+                     "slower pipeline's drain (sim 2.69 s vs evaluator 2.89 s); see "
+                     "test_two_pipeline_gap_is_sync_overlapping_the_drain",
+}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_simulated_iteration_within_5_percent_of_evaluator(name: str, schedule: str) -> None:
+def test_simulated_iteration_within_5_percent_of_evaluator(name: str, schedule: str,
+                                                           request: pytest.FixtureRequest) -> None:
+    if name in GAP_EXPLAINED:  # strict: once the compiler or the evaluator is fixed this must pass
+        request.applymarker(pytest.mark.xfail(reason=GAP_EXPLAINED[name], strict=True))
     plan = _with_schedule(PLANS[name](), schedule)
     predicted = evaluate(plan).iteration_time_s
     simulated = simulate(compile_plan(plan), SimOptions(record=False)).makespan_s
     assert simulated == pytest.approx(predicted, rel=0.05)
 
 
+def test_two_pipeline_gap_is_sync_overlapping_the_drain() -> None:
+    """The evaluator's iteration = slowest pipeline + all of the gradient sync + optimizer. In the
+    compiled program a bucket starts once all its members finished their compute, so buckets of
+    the faster pipeline's ranks (and of early-finishing stages) run during the slower pipeline's
+    drain: the simulation is faster, by less than the sync time itself."""
+    plan = _two_pipeline_plan()
+    ev = evaluate(plan)
+    program = compile_plan(plan)
+    res = simulate(program)
+    spans = res.timeline.spans
+    last_compute = max(e for r in range(program.world_size) for _, e, _, i in spans[r]
+                       if program.programs[r][i].op in (Op.F, Op.B))
+    first_sync = min(s for r in range(program.world_size) for s, _, _, i in spans[r]
+                     if program.programs[r][i].op is Op.GRAD_SYNC)
+    assert first_sync < last_compute  # sync overlaps the drain
+    assert res.makespan_s < ev.iteration_time_s
+    assert ev.iteration_time_s - res.makespan_s < ev.grad_sync_s
+
+
 @pytest.mark.parametrize("name", sorted(PLANS))
-def test_pipeline_phase_matches_closed_form_without_communication(name: str) -> None:
-    """comm_scale = 0: the last F/B of each pipeline ends exactly at (m−1)·max(f+b) + Σ(f+b)."""
+def test_pipeline_phase_within_closed_form_bounds_without_communication(name: str) -> None:
+    """comm_scale = 0: each pipeline's last F/B ends between the bottleneck's busy time m·max(f+b)
+    and the closed form (m−1)·max(f+b) + Σ(f+b); the closed form is exact for equal stages
+    (tests/test_sim.py) and over-estimates when the bottleneck stage is upstream (the fill and
+    drain of faster downstream stages hide under its work)."""
     plan = PLANS[name]()
     ev = evaluate(plan)
     program = compile_plan(plan)
@@ -79,8 +109,9 @@ def test_pipeline_phase_matches_closed_form_without_communication(name: str) -> 
     for p, pipe in enumerate(program.pipes):
         ranks = {r for s in pipe.stages for r in program.stages[s].ranks}
         end = max(e for r in ranks for _, e, _, i in spans[r] if program.programs[r][i].op in (Op.F, Op.B))
-        closed = cost.pipeline_time([c.fwd + c.bwd for c in ev.stages[p]], pipe.micro_batches)
-        assert end == pytest.approx(closed, rel=1e-9)
+        u = [c.fwd + c.bwd for c in ev.stages[p]]
+        closed = cost.pipeline_time(u, pipe.micro_batches)
+        assert pipe.micro_batches * max(u) * (1 - 1e-9) <= end <= closed * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("g", [0.0, 0.25])
@@ -110,3 +141,28 @@ def test_peak_memory_matches_the_cost_model_up_to_one_receive_buffer() -> None:
             for r in program.stages[s].ranks:
                 diff = res.ranks[r].peak_memory_bytes - ev.stages[p][k].memory_bytes
                 assert -1e6 <= diff <= buf + 1e6, (p, k, r, diff)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "wshape"])
+def test_no_compute_starts_before_its_data_arrives(schedule: str) -> None:
+    """Every RECV feeds the first later compute op of its (stage, mb, strand) — with per-layer PAIR
+    expansion (W-shape with a pairing) the first layer part — and that op never starts before
+    the transfer ends."""
+    plan = _with_schedule(_three_stage_plan(), schedule)
+    program = compile_plan(plan, pairing={1: 0.2, 2: 0.2, 4: 0.2} if schedule == "wshape" else None)
+    if schedule == "wshape":
+        assert any(i.op is Op.PAIR and i.pair[0].layer >= 0 for i in program.programs[0])
+    res = simulate(program)
+    start = [{i: s for s, _, st, i in spans if st == 0} for spans in res.timeline.spans]
+    checked = 0
+    for _, _, dst, ri, _, end in res.timeline.flows:
+        recv = program.programs[dst][ri]
+        want = Op.F if recv.kind.value == "act" else Op.B
+        for j in range(ri + 1, len(program.programs[dst])):
+            ins = program.programs[dst][j]
+            parts = ins.pair if ins.op is Op.PAIR else (ins,)
+            if any(p.op is want and (p.stage, p.mb, p.strand) == (recv.stage, recv.mb, recv.strand) for p in parts):
+                assert start[dst][j] >= end - 1e-12, (dst, str(recv), str(ins))
+                checked += 1
+                break
+    assert checked == len(res.timeline.flows)

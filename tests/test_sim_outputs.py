@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-
-from hexhelix.cli import main
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.program import Op
 from hexhelix.runtime.gantt import write_gantt
 from hexhelix.runtime.sim import SimOptions, simulate
 from hexhelix.runtime.sim_synth import synthetic_program
 from hexhelix.runtime.trace import chrome_trace, write_chrome_trace
+
+from hexhelix.cli import main
 
 
 @pytest.fixture
@@ -107,3 +107,13 @@ def test_cli_deadlock_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["simulate", str(path)]) == 1
     err = capsys.readouterr().err
     assert "deadlock" in err and "rank 0" in err and "rank 1" in err
+
+
+def test_plan_simulate_adds_the_simulation(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--model", "llama2-7b", "--cluster", "small-mixed", "--solver", "hexiscale",
+               "--global-batch", "8", "--time-limit", "20", "--simulate", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    sim = out["simulation"]
+    assert sim["makespan_s"] > 0 and len(sim["peak_memory_bytes"]) == len(sim["capacity_bytes"])
+    assert abs(sim["simulated_vs_predicted"]) < 0.05

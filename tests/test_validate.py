@@ -211,3 +211,28 @@ def test_opt_must_be_last(p1f1b):
     instrs = list(p1f1b.programs[0])
     instrs.insert(0, instrs.pop())
     assert "OPT must be the last instruction" in _first(_with_rank(p1f1b, 0, instrs))
+
+
+@pytest.fixture(scope="module")
+def ppair() -> Program:
+    return compile_plan(make_plan([(2, 5, (1,))], "wshape"), pairing={1: 0.2})
+
+
+def test_drop_a_layer_part(ppair):
+    r = 1
+    i = _index(ppair, r, lambda x: x.op is Op.PAIR)
+    instrs = list(ppair.programs[r])
+    f, b = instrs[i].pair
+    instrs[i] = f  # the backward layer part disappears
+    msg = _first(_with_rank(ppair, r, instrs))
+    assert (msg.startswith(f"[complete] rank {r}") and f"B{b.stage}.{b.mb}" not in msg) or "needs its backward" in msg
+
+
+def test_layer_parts_out_of_order(ppair):
+    r = 1
+    pairs = [k for k, x in enumerate(ppair.programs[r]) if x.op is Op.PAIR]
+    instrs = list(ppair.programs[r])
+    a, b = pairs[0], pairs[1]
+    instrs[a], instrs[b] = instrs[b], instrs[a]
+    msg = _first(_with_rank(ppair, r, instrs))
+    assert msg.startswith("[order]") and ("layer part out of order" in msg or "runs before" in msg)

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also write PyTorch pipelining's compute_comms CSV (one pipeline, one strand, TP 1)")
     p.add_argument("--profile", default=None, help="profile JSON for the per-op estimates (default: documented "
                    "defaults)")
+    p.add_argument("--pair", action="store_true",
+                   help="wshape: solve DHelix segment pairing per (GPU type, TP degree) with the dp solver, "
+                        "expand every co-executed tick per layer pair and use the pairing's saving in the "
+                        "estimates (the blocks are recorded in meta.pairing)")
     p.set_defaults(func=run)
 
 
@@ -36,7 +40,16 @@ def run(args: argparse.Namespace) -> int:
     from hexhelix.solver.compile import compile_plan
 
     plan = _load_plan(args.plan)
-    program = compile_plan(plan, args.schedule, load_profile(args.profile))
+    profile = load_profile(args.profile)
+    pairing = None
+    if args.pair:
+        from hexhelix.ir.errors import UnsupportedError
+        from hexhelix.solver.pairing import stage_pairings
+
+        if (args.schedule or plan.problem.schedule) != "wshape":
+            raise UnsupportedError("--pair applies to the wshape schedule only")
+        pairing = stage_pairings(plan, profile)
+    program = compile_plan(plan, args.schedule, profile, pairing)
     findings = validate(program)
     if findings:
         print(f"hexhelix compile: invalid program: {format_finding(findings[0])}", file=sys.stderr)

@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver", default="cpsat", help=f"one of {', '.join(SOLVERS)} (default cpsat)")
     p.add_argument("-o", "--output", help="write the plan (schema hexhelix.plan/1) to this file")
     p.add_argument("--export-problem", metavar="FILE", help="write the problem (hexhelix.problem/1) for `hexhelix solve`")
+    p.add_argument("--simulate", action="store_true",
+                   help="compile the chosen plan and simulate it (adds the simulation summary; JSON key simulation)")
     p.set_defaults(func=run)
 
 
@@ -101,16 +103,20 @@ def summary(res: Any) -> str:
     return "\n".join(lines)
 
 
-def report(res: Any, args: argparse.Namespace) -> int:
+def report(res: Any, args: argparse.Namespace, simulation: dict[str, Any] | None = None) -> int:
     """Print ``res`` (JSON or text), write -o, and return the exit status."""
     from hexhelix.solver.result import SolveStatus
 
     if getattr(args, "output", None) and res.plan is not None:
         Path(args.output).write_text(json.dumps(res.plan.to_dict(), indent=1) + "\n")
     if args.json:
-        emit_json(res.to_dict(with_log=args.log))
+        emit_json({**res.to_dict(with_log=args.log), **({"simulation": simulation} if simulation else {})})
     else:
         print(summary(res))
+        if simulation:
+            from .simulate import format_simulation
+
+            print(format_simulation(simulation))
         if getattr(args, "output", None) and res.plan is not None:
             print(f"wrote {args.output}")
     if res.plan is not None:
@@ -141,4 +147,9 @@ def run(args: argparse.Namespace) -> int:
         export_problem(args.export_problem, problem, profile, method, args, opts)
     with ticker(f"hexhelix plan [{method}]", args.time_limit):
         res = solve(problem, method, seed=args.seed, profile=profile, time_limit=args.time_limit, options=opts)
-    return report(res, args)
+    simulation = None
+    if args.simulate and res.plan is not None:
+        from .simulate import simulate_plan
+
+        simulation = simulate_plan(res.plan, profile, res.evaluation)
+    return report(res, args, simulation)

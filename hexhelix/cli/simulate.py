@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.plan import Plan
+from hexhelix.ir.profile import Profile
 from hexhelix.ir.program import Program
 
 from .common import emit_json, progress
@@ -60,3 +63,32 @@ def run(args: argparse.Namespace) -> int:
         if over:
             print(f"warning: ranks {', '.join(map(str, over))} exceed their GPU memory")
     return 0
+
+
+def simulate_plan(plan: Plan, profile: Profile, evaluation: Any = None) -> dict[str, Any]:
+    """Compile ``plan`` (its own schedule) and simulate it: the summary ``hexhelix plan --simulate``
+    adds to its output, with the evaluator's prediction beside it when ``evaluation`` is given."""
+    from hexhelix.runtime.sim import SimOptions, simulate
+    from hexhelix.solver.compile import compile_plan
+
+    program = compile_plan(plan, plan.problem.schedule, profile)
+    res = simulate(program, SimOptions(record=False))
+    out = {"schedule": program.schedule, "instructions": res.instructions, **res.summary()}
+    if evaluation is not None:
+        out["predicted_iteration_s"] = evaluation.iteration_time_s
+        out["simulated_vs_predicted"] = res.makespan_s / evaluation.iteration_time_s - 1.0
+    return out
+
+
+def format_simulation(sim: dict[str, Any]) -> str:
+    """Human-readable lines for :func:`simulate_plan`'s summary."""
+    line = (f"  simulated ({sim['schedule']}, {sim['instructions']} instructions): iteration {sim['makespan_s']:.4f} s, "
+            f"bubble {100 * sim['bubble_fraction']:.1f} %, exposed comm {sim['exposed_comm_s']:.4f} s per rank")
+    if "simulated_vs_predicted" in sim:
+        line += f" ({100 * sim['simulated_vs_predicted']:+.1f} % vs the cost model)"
+    gib = 2.0**30
+    peak = max(sim["peak_memory_bytes"], default=0) / gib
+    line += f"\n  simulated peak memory {peak:.2f} GiB on the fullest GPU"
+    if sim["over_capacity_ranks"]:
+        line += f"; over capacity on ranks {', '.join(map(str, sim['over_capacity_ranks']))}"
+    return line

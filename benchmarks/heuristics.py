@@ -1,0 +1,127 @@
+"""Heuristic planners side by side: HexiScale (fixed), HexiScale as released, Megatron baseline.
+
+For every example cluster and model it reports each method's status, iteration time under the one
+evaluator and solve time, plus the fixed planner's speed-up over the other two; then the solve
+time of ``hexiscale`` on synthetic mixed clusters from 8 to 512 GPUs. With ``--write`` the tables
+replace the "Heuristic planners" section of benchmarks/README.md.
+
+    python benchmarks/heuristics.py [--models llama2-7b,llama2-13b,llama-30b] [--scaling 8,64,512] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from hexhelix.ir.cluster import Cluster, load_cluster
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver.hexiscale import plan_hexiscale
+from hexhelix.solver.hexiscale_released import plan_hexiscale_released
+from hexhelix.solver.megatron import plan_megatron
+from hexhelix.solver.result import SolveResult, SolveStatus
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- heuristics:begin -->", "<!-- heuristics:end -->"
+
+
+def _cell(r: SolveResult) -> str:
+    if r.status is SolveStatus.FEASIBLE:
+        return f"{r.iteration_time_s:.3f}"
+    if r.evaluation is not None:
+        return f"({r.iteration_time_s:.3f}, OOM)"
+    return "no plan"
+
+
+def _ratio(a: SolveResult, b: SolveResult) -> str:
+    if a.status is SolveStatus.FEASIBLE and b.status is SolveStatus.FEASIBLE:
+        return f"{b.iteration_time_s / a.iteration_time_s:.2f}x"
+    return "–"
+
+
+def examples_table(models: list[str], training: TrainingConfig) -> list[str]:
+    rows = ["| cluster | GPUs | model | hexiscale s/iter | solve s | released s/iter | megatron s/iter (GPUs) "
+            "| fixed vs released | fixed vs megatron |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted((ROOT / "examples" / "clusters").glob("*.yaml")):
+        cl = load_cluster(path)
+        for m in models:
+            pr = PlanProblem(cluster=cl, model=PRESETS[m], training=training)
+            h, rel, meg = plan_hexiscale(pr), plan_hexiscale_released(pr), plan_megatron(pr)
+            used = f" ({meg.params.get('gpus_used')})" if meg.status is SolveStatus.FEASIBLE else ""
+            rows.append(f"| {cl.name} | {cl.num_gpus} | {m} | {_cell(h)} | {h.solve_time_s:.2f} | {_cell(rel)} "
+                        f"| {_cell(meg)}{used} | {_ratio(h, rel)} | {_ratio(h, meg)} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def synthetic_cluster(gpus: int) -> Cluster:
+    """``gpus``/8 nodes cycling A100 (NVLink), RTX4090 (PCIe) and T4, 12.5 GB/s between nodes."""
+    kinds = [("A100-SXM4-80GB", 300), ("RTX4090", 12), ("T4", 12)]
+    nodes = []
+    for i in range(max(1, gpus // 8)):
+        gpu, intra = kinds[i % len(kinds)]
+        nodes.append({"name": f"n{i}", "gpu": gpu, "count": min(8, gpus), "intra_GBps": intra})
+    return Cluster.from_dict({"name": f"synthetic-{gpus}", "nodes": nodes, "inter_GBps": 12.5})
+
+
+def scaling_table(sizes: list[int], model: str, training: TrainingConfig) -> list[str]:
+    rows = ["| GPUs | hexiscale s/iter | pipelines | candidates | solve s |", "|---|---|---|---|---|"]
+    for n in sizes:
+        pr = PlanProblem(cluster=synthetic_cluster(n), model=PRESETS[model], training=training)
+        t0 = time.perf_counter()
+        h = plan_hexiscale(pr)
+        dt = time.perf_counter() - t0
+        npipe = len(h.plan.pipelines) if h.plan else 0
+        rows.append(f"| {n} | {_cell(h)} | {npipe} | {h.params['candidates_tried']} | {dt:.2f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="llama2-7b,llama2-13b,llama-30b")
+    ap.add_argument("--scaling", default="8,32,64,128,256,512", help="GPU counts for the scaling table")
+    ap.add_argument("--scaling-model", default="llama2-13b")
+    ap.add_argument("--global-batch", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--recompute", default="none")
+    ap.add_argument("--write", action="store_true", help="replace the section in benchmarks/README.md")
+    args = ap.parse_args(argv)
+    tr = TrainingConfig(global_batch=args.global_batch, seq_len=args.seq_len, recompute=args.recompute)
+    cmd = "python benchmarks/heuristics.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    t0 = time.perf_counter()
+    ex = examples_table([m for m in args.models.split(",") if m], tr)
+    sc = scaling_table([int(x) for x in args.scaling.split(",") if x], args.scaling_model, tr) if args.scaling else []
+    total = time.perf_counter() - t0
+    body = [BEGIN, "## Heuristic planners (hexiscale, hexiscale-released, megatron)", "",
+            f"Produced by `{cmd.strip()}` ({total:.0f} s in all) on the shared 2-core development machine, "
+            f"while other work was running: solve times are indicative only. Training: global batch "
+            f"{tr.global_batch}, micro-batch {tr.micro_batch}, sequence {tr.seq_len}, recompute {tr.recompute}, "
+            "1F1B. Iteration times are seconds under the one evaluator; \"(t, OOM)\" is a plan the "
+            "released planner chose that exceeds memory under the hexhelix cost model (its own model "
+            "ignores in-flight activations and Adam states); megatron shows how many GPUs its uniform "
+            "shape could use (smallest-memory types left out when nothing fits them). Ratios are "
+            "other / fixed iteration time (higher = the fixed planner is faster).", "", *ex, ""]
+    if sc:
+        body += [f"Solve time of `hexiscale` on synthetic clusters (8-GPU nodes cycling A100 / RTX4090 / T4, "
+                 f"{args.scaling_model}):", "", *sc, ""]
+    body.append(END)
+    text = "\n".join(body) + "\n"
+    if args.write:
+        readme = ROOT / "benchmarks" / "README.md"
+        old = readme.read_text()
+        if BEGIN in old and END in old:
+            new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END) + "\n?", lambda _: text, old, flags=re.S)
+        else:
+            new = old.rstrip("\n") + "\n\n" + text
+        readme.write_text(new)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

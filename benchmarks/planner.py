@@ -1,0 +1,185 @@
+"""Planner benchmark: exact (CP-SAT, MILP/HiGHS, MILP/CBC) vs heuristics on the example clusters.
+
+Writes three tables into the "Planner" section of benchmarks/README.md:
+
+1. every example cluster x model: each solver's iteration time, gap to the best proven bound, solve time;
+2. scaling of the exact solvers' solve time and gap from 8 to 512 GPUs (generated A100/A40 clusters);
+3. the heterogeneous clusters against their homogeneous counterparts of about equal total FLOPS.
+
+The default run is reduced (subset of clusters/models, short time limits) because the 2-core
+development machine is shared; ``--full`` runs everything with the issue's 120 s limit.
+
+    python benchmarks/planner.py            # reduced
+    python benchmarks/planner.py --full     # all clusters, 7B/13B/30B, 120 s, 8..512 GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from hexhelix.ir.cluster import Cluster, load_cluster
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver.solve import solve
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTERS = ROOT / "examples" / "clusters"
+README = ROOT / "benchmarks" / "README.md"
+BEGIN, END = "<!-- planner:begin -->", "<!-- planner:end -->"
+HET_HOMO = [("hexiscale-het1", "homo-for-het1"), ("hexiscale-het2", "homo-for-het2"), ("hexiscale-het3", "homo-for-het3")]
+
+
+def problem(cluster: Cluster, model: str, gb: int) -> PlanProblem:
+    seq = 2048 if model == "llama-30b" else 4096
+    return PlanProblem(cluster=cluster, model=PRESETS[model],
+                       training=TrainingConfig(global_batch=gb, micro_batch=1, seq_len=seq, recompute="full"))
+
+
+def generated(gpus: int) -> Cluster:
+    """Alternating 8-GPU A100 / A40 nodes (4 + 4 for 8 GPUs), 25 GB/s between nodes."""
+    if gpus <= 8:
+        nodes = [{"name": "a100-0", "gpu": "A100-SXM4-80GB", "count": gpus // 2, "intra_GBps": 300},
+                 {"name": "a40-0", "gpu": "A40", "count": gpus - gpus // 2, "intra_GBps": 25}]
+    else:
+        nodes = [{"name": f"n{i}", "gpu": "A100-SXM4-80GB" if i % 2 == 0 else "A40", "count": 8,
+                  "intra_GBps": 300 if i % 2 == 0 else 25} for i in range(gpus // 8)]
+    return Cluster.from_dict({"name": f"gen-{gpus}", "nodes": nodes, "inter_GBps": 25})
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def run_row(pb: PlanProblem, solvers: list[str], limit: float) -> list:
+    out = []
+    for s in solvers:
+        t0 = time.monotonic()
+        r = solve(pb, s, time_limit=limit, options={"max_model_rows": 400_000})
+        print(f"  {pb.cluster.name} {pb.model.name} {s}: {r.status.value} {fmt(r.iteration_time_s, '.3f')} s "
+              f"bound {fmt(r.bound_s, '.3f')} in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+        out.append(r)
+    return out
+
+
+def table_clusters(clusters: list[str], models: list[str], solvers: list[str], limit: float, gb: int) -> str:
+    lines = ["| cluster | GPUs | model | best bound s | " + " | ".join(f"{s} iter s / gap / time s" for s in solvers) + " |",
+             "|---|---|---|---|" + "---|" * len(solvers)]
+    for cname in clusters:
+        cl = load_cluster(CLUSTERS / f"{cname}.yaml")
+        for m in models:
+            res = run_row(problem(cl, m, gb), solvers, limit)
+            bounds = [r.bound_s for r in res if r.bound_s is not None and math.isfinite(r.bound_s)]
+            best = max(bounds) if bounds else None
+            cells = []
+            for r in res:
+                if r.evaluation is None:
+                    cells.append(f"{r.status.value} / – / {r.solve_time_s:.1f}")
+                    continue
+                gap = (r.iteration_time_s - best) / r.iteration_time_s if best else None
+                cells.append(f"{r.iteration_time_s:.3f} / {fmt(gap, '.1%')} / {r.solve_time_s:.1f}"
+                             + (" (opt)" if r.status.value == "optimal" else ""))
+            lines.append(f"| {cname} | {cl.num_gpus} | {m} | {fmt(best, '.3f')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_scaling(sizes: list[int], solvers: list[str], limit: float) -> str:
+    lines = ["| GPUs | global batch | " + " | ".join(f"{s} status / iter s / gap / time s" for s in solvers) + " |",
+             "|---|---|" + "---|" * len(solvers)]
+    for g in sizes:
+        gb = max(64, g)
+        res = run_row(problem(generated(g), "llama2-7b", gb), solvers, limit)
+        cells = [f"{r.status.value} / {fmt(r.iteration_time_s, '.3f')} / {fmt(r.gap, '.1%')} / {r.solve_time_s:.1f}"
+                 for r in res]
+        lines.append(f"| {g} | {gb} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_het_homo(pairs: list[tuple[str, str]], models: list[str], solvers: list[str], limit: float, gb: int) -> str:
+    lines = ["| heterogeneous | homogeneous | model | het TFLOPS | homo TFLOPS | het tokens/s (solver) | "
+             "homo tokens/s (solver) | het / homo |", "|---|---|---|---|---|---|---|---|"]
+    for het, homo in pairs:
+        for m in models:
+            row = []
+            for cname in (het, homo):
+                cl = load_cluster(CLUSTERS / f"{cname}.yaml")
+                res = [r for r in run_row(problem(cl, m, gb), solvers, limit) if r.evaluation is not None]
+                best = max(res, key=lambda r: r.evaluation.throughput_tokens_per_s, default=None)
+                row.append((cl, best))
+            (hc, hb), (oc, ob) = row
+            ht = hb.evaluation.throughput_tokens_per_s if hb else None
+            ot = ob.evaluation.throughput_tokens_per_s if ob else None
+            lines.append(f"| {het} | {homo} | {m} | {hc.total_peak_flops() / 1e12:,.0f} | {oc.total_peak_flops() / 1e12:,.0f} "
+                         f"| {fmt(ht, ',.0f')} ({hb.solver if hb else '–'}) | {fmt(ot, ',.0f')} ({ob.solver if ob else '–'}) "
+                         f"| {fmt(ht / ot if ht and ot else None, '.2f')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="every cluster and model, 120 s limit, 8..512 GPUs")
+    ap.add_argument("--time-limit", type=float, help="seconds per exact solve (default 120 full, 20 reduced)")
+    ap.add_argument("--no-write", action="store_true", help="print the section instead of editing README.md")
+    args = ap.parse_args(argv)
+    limit = args.time_limit or (120.0 if args.full else 20.0)
+    solvers = ["cpsat", "milp-highs", "milp-cbc", "hexiscale", "hexiscale-released", "megatron"]
+    gb = 64
+    if args.full:
+        clusters = sorted(p.stem for p in CLUSTERS.glob("*.yaml"))
+        models, sizes = ["llama2-7b", "llama2-13b", "llama-30b"], [8, 16, 32, 64, 128, 256, 512]
+        pairs, hh_models = HET_HOMO, ["llama2-7b", "llama2-13b", "llama-30b"]
+        scal_solvers = ["cpsat", "milp-highs", "hexiscale"]
+    else:
+        clusters, models = ["small-mixed", "mixed-a100-a40-t4", "hexiscale-het2"], ["llama2-7b"]
+        solvers = ["cpsat", "milp-highs", "hexiscale", "hexiscale-released", "megatron"]
+        sizes, pairs, hh_models = [8, 16, 32, 64], HET_HOMO[1:2], ["llama2-7b"]
+        scal_solvers = ["cpsat", "hexiscale"]
+    cmd = "python benchmarks/planner.py" + (" --full" if args.full else "") + \
+        (f" --time-limit {args.time_limit:g}" if args.time_limit else "")
+    t0 = time.monotonic()
+    t1 = table_clusters(clusters, models, solvers, limit, gb)
+    t2 = table_scaling(sizes, scal_solvers, limit)
+    t3 = table_het_homo(pairs, hh_models, ["cpsat", "hexiscale", "megatron"], limit, gb)
+    total = time.monotonic() - t0
+    mode = "full" if args.full else ("REDUCED: a subset of clusters and models with short time limits, because "
+                                     "the 2-core machine was shared with other engineers")
+    body = "\n".join([
+        BEGIN,
+        f"Produced by `{cmd}` ({mode}; "
+        f"{total / 60:.1f} min). Settings: global batch {gb} (scaling: max(64, GPUs)), micro-batch 1, seq 4096 "
+        f"(30B: 2048), full recompute, 1F1B; exact solvers: time limit {limit:g} s each, warm-started from the "
+        "heuristics; gap = (iteration time - best proven bound over all solvers) / iteration time; (opt) = proven "
+        "optimal. Every plan is scored by the one evaluator.",
+        "",
+        "### Example clusters",
+        "",
+        t1,
+        "",
+        "### Scaling (generated clusters of alternating 8-GPU A100 and A40 nodes, Llama-2 7B)",
+        "",
+        t2,
+        "",
+        "### Heterogeneous vs homogeneous cluster of about equal peak FLOPS (best plan of the solvers run)",
+        "",
+        t3,
+        END,
+    ])
+    if args.no_write:
+        print(body)
+        return 0
+    text = README.read_text()
+    if BEGIN in text:
+        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: body, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n## Planner: exact vs heuristics (issue 3)\n\n" + body + "\n"
+    README.write_text(text)
+    print(f"wrote {README}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Simulator benchmark: speed (instructions per second, growth with ranks and micro-batches, up to
+1,024 ranks × 64 micro-batches) and the DHelix comparison in simulation (W-shape vs 1F1B on
+communication-heavy A40 / A800 settings, next to the paper's reported gains).
+
+Usage::
+
+    python benchmarks/simulator.py                 # both parts, print the tables
+    python benchmarks/simulator.py --part speed    # or: --part dhelix
+    python benchmarks/simulator.py --write-readme  # also replace the simulator section of benchmarks/README.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from hexhelix.ir.cluster import Cluster
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
+from hexhelix.runtime.sim import SimOptions, simulate
+from hexhelix.runtime.sim_synth import synthetic_program
+from hexhelix.solver import cost
+from hexhelix.solver.compile import compile_plan
+from hexhelix.solver.evaluate import evaluate
+from hexhelix.solver.pairing import pair_saving
+
+README = Path(__file__).resolve().parent / "README.md"
+BEGIN, END = "<!-- simulator:begin -->", "<!-- simulator:end -->"
+
+
+# ----------------------------------------------------------------------------- speed
+def _time_sim(program, record: bool, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        simulate(program, SimOptions(record=record))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def speed(quick: bool = False) -> list[str]:
+    """1F1B programs of 8-stage pipelines (DP = ranks/8), a p2p transfer of 0.1 f, 8 ranks per node,
+    one gradient-sync bucket per stage index; plus W-shape and 64-stage pipelines at the top size."""
+    ranks_grid = [8, 64, 256, 1024] if not quick else [8, 64]
+    mb_grid = [8, 16, 32, 64] if not quick else [8, 16]
+    rows = ["| schedule | ranks | stages × pipelines | micro-batches | instructions | sim s (no timeline) | "
+            "sim s (with timeline) | instructions/s |", "|---|---|---|---|---|---|---|---|"]
+    cases = [("1f1b", r, 8, m) for r in ranks_grid for m in mb_grid]
+    top_r, top_m = ranks_grid[-1], mb_grid[-1]
+    cases += [("1f1b", top_r, 64 if top_r >= 64 else 8, top_m), ("wshape", top_r, 8, top_m)]
+    for sched, ranks, P, m in cases:
+        prog = synthetic_program(sched, P, m, pipes=ranks // P, f=1.0, b=2.0, comm=0.1, act_bytes=1 << 20,
+                                 grad_sync=0.5, opt=0.05, ranks_per_node=8)
+        n = sum(len(p) for p in prog.programs)
+        top = ranks == top_r and m == top_m
+        reps = 3 if top else 1
+        bare = _time_sim(prog, False, reps)
+        full = _time_sim(prog, True, reps)
+        rows.append(f"| {sched} | {ranks} | {P} × {ranks // P} | {m} | {n:,} | {bare:.2f} | {full:.2f} | "
+                    f"{n / bare:,.0f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------- DHelix comparison
+def _cluster(gpu: str, intra_GBps: float, inter_GBps: float) -> Cluster:
+    return Cluster.from_dict({"name": f"64x{gpu}", "inter_GBps": inter_GBps, "latency_us": 10,
+                              "nodes": [{"name": f"{gpu.lower()}-{i}", "gpu": gpu, "count": 8,
+                                         "intra_GBps": intra_GBps} for i in range(8)]})
+
+
+def _uniform_plan(cluster: Cluster, model: str, seq: int, global_batch: int, dp: int, tp: int, pp: int,
+                  recompute: str = "selective") -> Plan:
+    """DP identical pipelines of PP stages, each stage TP consecutive GPUs inside one node, layers
+    split evenly (the Megatron layout the paper runs)."""
+    mc = PRESETS[model]
+    problem = PlanProblem(cluster=cluster, model=mc, training=TrainingConfig(global_batch=global_batch, seq_len=seq,
+                                                                          recompute=recompute))
+    per = mc.layers // pp
+    pipes = []
+    for q in range(dp):
+        stages = []
+        for k in range(pp):
+            block = q * pp + k
+            gpus = tuple(range(block * tp, (block + 1) * tp))
+            stages.append(StagePlan(node=gpus[0] // 8, gpus=gpus,
+                                    layers=(k * per, mc.layers if k == pp - 1 else (k + 1) * per)))
+        pipes.append(PipelinePlan(stages=tuple(stages), micro_batches=global_batch // dp))
+    return Plan(problem=problem, pipelines=tuple(pipes))
+
+
+# (cluster, stand-in model, paper model, DP, TP, PP, seq, global batch, paper gain); the 32k row uses
+# full recompute (selective would need ~2x the A800's 80 GB at 32k without CP)
+SETTINGS = [
+    ("A40", "llama2-7b", "Llama-8B (16,4,1)", 16, 4, 1, 4096, 128, "1.31×"),
+    ("A40", "gpt-6.7b", "GPT-6.7B (16,4,1)", 16, 4, 1, 4096, 128, "1.26×"),
+    ("A40", "llama2-13b", "Llama-25B (8,8,1)", 8, 8, 1, 4096, 64, "1.40×"),
+    ("A40", "llama2-13b", "Llama-39B (4,8,2)", 4, 8, 2, 4096, 64, "1.27×"),
+    ("A40", "llama2-13b", "Llama-25B long-seq (4,8,CP2,1)", 8, 8, 1, 16384, 32, "1.30×"),
+    ("A40", "llama2-13b", "Llama-39B long-seq (2,8,CP2,2)", 4, 8, 2, 16384, 32, "1.39×"),
+    ("A800", "llama2-7b", "— (A800 TP 8 short-seq point)", 8, 8, 1, 4096, 64, "1.02–1.29× range"),
+    ("A800", "llama2-70b", "Llama-66B seq 16k (2,8,CP2,2)", 2, 8, 4, 16384, 16, "1.07×"),
+    ("A800", "llama2-70b", "Llama-66B seq 32k (1,8,CP4,2)", 1, 8, 8, 32768, 16, "1.24×"),
+]
+LINKS = {"A40": (25.0, 12.5), "A800": (200.0, 25.0)}  # intra (PCIe / NVLink) and IB GB/s
+
+
+def dhelix(quick: bool = False) -> list[str]:
+    rows = ["| GPUs | our model (stand-in for) | DP,TP,PP | seq | m/pipe | g | 1F1B s (sim) | W s (sim) | "
+            "W gain sim | W gain evaluator | paper (DHelix vs Megatron) | peak GiB 1F1B / W (cap) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for gpu, model, paper_model, dp, tp, pp, seq, gb, paper in (SETTINGS[:3] if quick else SETTINGS):
+        cluster = _cluster(gpu, *LINKS[gpu])
+        plan = _uniform_plan(cluster, model, seq, gb, dp, tp, pp, "full" if seq >= 32768 else "selective")
+        tr = plan.problem.training
+        g = pair_saving(plan.problem.model, tr, tp, cluster.gpu_of_node(0), cost.cluster_link(cluster, 0, 0))
+        savings = {tp: g}
+        one = simulate(compile_plan(plan, "1f1b"), SimOptions(record=False))
+        w = simulate(compile_plan(plan, "wshape", pairing=savings), SimOptions(record=False))
+        ev1 = evaluate(Plan(problem=_with(plan, "1f1b"), pipelines=plan.pipelines)).iteration_time_s
+        evw = evaluate(Plan(problem=_with(plan, "wshape"), pipelines=plan.pipelines),
+                       pair_savings=savings).iteration_time_s
+        gib = 2.0**30
+        cap = one.ranks[0].capacity_bytes / gib
+        rows.append(
+            f"| 64×{gpu} | {model} ({paper_model}) | {dp},{tp},{pp} | {seq // 1024}k | {gb // dp} | {g:.3f} | "
+            f"{one.makespan_s:.3f} | {w.makespan_s:.3f} | {one.makespan_s / w.makespan_s:.2f}× | "
+            f"{ev1 / evw:.2f}× | {paper} | "
+            f"{max(one.peak_memory_bytes) / gib:.1f} / {max(w.peak_memory_bytes) / gib:.1f} ({cap:.0f}) |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _with(plan: Plan, schedule: str) -> PlanProblem:
+    import dataclasses
+
+    return dataclasses.replace(plan.problem, schedule=schedule)
+
+
+# ----------------------------------------------------------------------------- README
+def write_readme(speed_rows: list[str], dhelix_rows: list[str], wall: float) -> None:
+    text = README.read_text()
+    body = "\n".join([
+        BEGIN,
+        "## Discrete-event simulator: `benchmarks/simulator.py`",
+        "",
+        f"Command: `python benchmarks/simulator.py --write-readme` (whole run {wall:.0f} s on the shared 2-core "
+        "CPU while other engineers' jobs ran: absolute seconds are noisy, medians of 3 only for the largest "
+        "cases; one core used).",
+        "",
+        "### Speed",
+        "",
+        "Synthetic uniform programs (`hexhelix.runtime.sim_synth.synthetic_program`): 1F1B over pipelines "
+        "of 8 one-GPU stages (DP = ranks/8), every boundary transfer 0.1 f, 8 ranks per node, one gradient-"
+        "sync bucket per stage index; the last two rows are 64-stage pipelines and W-shape at the largest size. "
+        "*no timeline* = `SimOptions(record=False)` (summary only); *with timeline* keeps every op's interval "
+        "for traces (the CLI records only with `--trace`/`--gantt`). Goal: 1,024 ranks × 64 micro-batches in "
+        "≤ 10 s on one core.",
+        "",
+        *speed_rows,
+        "",
+        "Time grows linearly with the instruction count (one heap event per op, O(log n) each; no per-event "
+        "scan over ranks): instructions/s stays roughly flat from 8 to 1,024 ranks.",
+        "",
+        "### DHelix in simulation: W-shape vs 1F1B",
+        "",
+        "64 GPUs, 8 per node; A40: PCIe 25 GB/s inside a node, 100 Gb/s IB (12.5 GB/s) between; A800: "
+        "NVLink 200 GB/s, 200 Gb/s IB (25 GB/s). Megatron layout (uniform layers, TP inside a node, SP on), "
+        "micro-batch 1, bf16, selective recompute (FlashAttention-style: no s² activations), default profile (documented assumptions, not measurements). Our presets stand "
+        "in for the paper's models (no 8B/25B/39B/66B presets; the shapes differ) and we have no context "
+        "parallelism, so the paper's CP runs are modelled as TP 8 + SP at the same sequence length. "
+        "*g* = pair saving of one co-executed layer pair from the pairing DP (`solver.pairing.pair_saving`), "
+        "passed to `compile_plan(..., pairing={tp: g})`; W programs are simulated with those PAIR times. "
+        "1F1B is Megatron without any TP-communication overlap. *W gain sim* = simulated 1F1B / W iteration "
+        "time (gradient sync and optimizer included, identical in both); *W gain evaluator* = the same ratio "
+        "from `solver.evaluate`.",
+        "",
+        *dhelix_rows,
+        "",
+        "Reading: the model predicts gains of the paper's order on A40 (PCIe TP communication is 45–70 % of "
+        "a TP-8 layer, so hiding it pays) and smaller ones on A800 (NVLink), as the paper reports; the spread "
+        "between settings comes from g (comm share) and from the pipeline ramp (W's co-execution needs m > P). "
+        "These are predictions of our cost model, not measurements: the OEF table is a default, launch/"
+        "barrier overheads per block (10–20 % of comm in the paper) are not modelled, and CP is absent.",
+        END,
+    ])
+    if BEGIN in text:
+        a, b = text.index(BEGIN), text.index(END) + len(END)
+        text = text[:a] + body + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    README.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["speed", "dhelix", "all"], default="all")
+    ap.add_argument("--quick", action="store_true", help="small grid (smoke test)")
+    ap.add_argument("--write-readme", action="store_true", help="write the tables into benchmarks/README.md")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    s = speed(args.quick) if args.part in ("speed", "all") else []
+    d = dhelix(args.quick) if args.part in ("dhelix", "all") else []
+    if args.write_readme:
+        if args.part != "all" or args.quick:
+            raise SystemExit("--write-readme needs the full run (--part all, no --quick)")
+        write_readme(s, d, time.perf_counter() - t0)
+        print(f"wrote {README}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""CLI of the planners: hexhelix plan / compare / evaluate / solve (JSON keys, exit codes, round trips)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hexhelix.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"solver", "status", "iteration_time_s", "throughput_tokens_per_s", "bound_s", "gap", "solve_time_s", "plan"}
+
+
+@pytest.fixture
+def cluster_file(tmp_path: Path) -> Path:
+    p = tmp_path / "two.yaml"
+    p.write_text("name: two\nnodes:\n  - {name: a, gpu: A100-SXM4-80GB, count: 2, intra_GBps: 300}\n"
+                 "  - {name: t, gpu: T4, count: 1}\ninter_GBps: 5\n")
+    return p
+
+
+def run_json(capsys, argv: list[str]) -> tuple[int, dict]:
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def tiny_args(cluster: Path) -> list[str]:
+    return ["--model", "tiny", "--cluster", str(cluster), "--seq-len", "128", "--global-batch", "4"]
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "milp"])
+def test_plan_json_keys_and_optimal(capsys, cluster_file: Path, solver: str) -> None:
+    code, d = run_json(capsys, ["plan", *tiny_args(cluster_file), "--solver", solver, "--time-limit", "30",
+                                "--json"])
+    assert code == 0
+    assert KEYS <= set(d)
+    assert d["status"] == "optimal" and d["gap"] <= 1e-6
+    assert d["solver"] == ("cpsat" if solver == "cpsat" else "milp-highs")
+    assert d["plan"]["schema"] == "hexhelix.plan/1"
+
+
+def test_plan_output_evaluate_and_export_solve_round_trip(capsys, cluster_file: Path, tmp_path: Path) -> None:
+    plan_path, prob_path = tmp_path / "plan.json", tmp_path / "problem.json"
+    code, d = run_json(capsys, ["plan", *tiny_args(cluster_file), "--solver", "cpsat", "--json", "-o",
+                                str(plan_path), "--export-problem", str(prob_path)])
+    assert code == 0 and plan_path.exists()
+    code, ev = run_json(capsys, ["evaluate", str(plan_path), "--json"])
+    assert code == 0 and ev["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-12)
+    prob = json.loads(prob_path.read_text())
+    assert prob["schema"] == "hexhelix.problem/1" and prob["kind"] == "plan" and prob["solve"]["solver"] == "cpsat"
+    code, again = run_json(capsys, ["solve", str(prob_path), "--json"])
+    assert code == 0 and again["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-9)
+    code, other = run_json(capsys, ["solve", str(prob_path), "--solver", "milp-cbc", "--json"])
+    assert code == 0 and other["solver"] == "milp-cbc"
+    assert other["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-6)
+
+
+def test_plan_text_output(capsys, cluster_file: Path) -> None:
+    assert main(["plan", *tiny_args(cluster_file), "--solver", "cpsat"]) == 0
+    out = capsys.readouterr().out
+    assert "solver cpsat: optimal" in out and "pipeline 0" in out
+
+
+def test_plan_infeasible_memory_one_line(capsys) -> None:
+    code = main(["plan", "--model", "llama2-70b", "--cluster", "small-mixed", "--solver", "cpsat", "--time-limit", "5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "memory:" in err[0] and "llama2-70b" in err[0] and "GiB" in err[0]
+
+
+def test_plan_unknown_solver_is_one_line(capsys, cluster_file: Path) -> None:
+    code = main(["plan", *tiny_args(cluster_file), "--solver", "gurobi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "unknown solver" in err[0]
+
+
+def test_compare_json(capsys, cluster_file: Path) -> None:
+    pytest.importorskip("hexhelix.solver.megatron")
+    code, d = run_json(capsys, ["compare", *tiny_args(cluster_file), "--solvers", "cpsat,megatron", "--json"])
+    assert code == 0
+    assert [r["solver"] for r in d["results"]] == ["cpsat", "megatron"]
+    for r in d["results"]:
+        assert KEYS <= set(r) and "throughput_vs_best_bound" in r
+    cp = d["results"][0]
+    assert cp["throughput_vs_best_bound"] == pytest.approx(1.0, abs=1e-6)
+    assert d["best_bound_s"] == pytest.approx(cp["bound_s"])
+    if d["results"][1]["iteration_time_s"] is not None:
+        assert d["results"][1]["throughput_vs_best_bound"] <= 1.0 + 1e-9
+
+
+def test_compare_table(capsys, cluster_file: Path) -> None:
+    assert main(["compare", *tiny_args(cluster_file), "--solvers", "cpsat,milp"]) == 0
+    out = capsys.readouterr().out
+    assert "vs bound" in out and "cpsat" in out and "milp-highs" in out
+
+
+def test_evaluate_hand_written_example(capsys) -> None:
+    path = ROOT / "examples" / "plans" / "small-mixed-llama2-7b.json"
+    assert main(["evaluate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "iteration" in out and "pipeline 1" in out
+    code, d = run_json(capsys, ["evaluate", str(path), "--json"])
+    assert code == 0 and d["feasible"] and d["iteration_time_s"] > 0
+
+
+def test_solve_rejects_wrong_schema(capsys, tmp_path: Path) -> None:
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"schema": "something/9", "kind": "plan"}))
+    code = main(["solve", str(p)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "hexhelix.problem/1" in err[0]
+
+
+def test_solve_pairing_without_module_is_a_clear_error(capsys, tmp_path: Path, monkeypatch) -> None:
+    p = tmp_path / "pair.json"
+    p.write_text(json.dumps({"schema": "hexhelix.problem/1", "kind": "pairing"}))
+    monkeypatch.setitem(sys.modules, "hexhelix.solver.pairing", None)  # import now raises ImportError
+    code = main(["solve", str(p)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "pairing" in err[0]
