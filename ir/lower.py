@@ -120,6 +120,7 @@ class NullEstimator:
 
 
 def tp_group_name(pipe: int, phys: int) -> str:
+    """Name of the TP group of physical stage ``phys`` of pipeline ``pipe`` (docs/program.md §3)."""
     return f"tp.p{pipe}.s{phys}"
 
 
@@ -218,8 +219,9 @@ def _comms_for(program: Program, rank: int, c: Instr, prev: dict[int, int], nxt:
             before.append(Instr(op=Op.LOAD, stage=s.id, **common))
         if c.stage in nxt and program.stages[nxt[c.stage]].ranks != s.ranks:
             dst = program.stages[nxt[c.stage]]
-            after += [Instr(op=Op.SEND, kind=Kind.ACT, stage=s.id, peer=dst.ranks[jj], ch=ch[(s.id, Kind.ACT, c.strand)],
-                            **common) for jj in range(len(dst.ranks)) if jj % len(s.ranks) == j]
+            after += [Instr(op=Op.SEND, kind=Kind.ACT, stage=s.id, peer=dst.ranks[jj],
+                            ch=ch[(s.id, Kind.ACT, c.strand)], **common)
+                      for jj in range(len(dst.ranks)) if jj % len(s.ranks) == j]
     elif c.op in (Op.B, Op.BI):
         if c.stage in nxt and program.stages[nxt[c.stage]].ranks != s.ranks:
             src = program.stages[nxt[c.stage]]
