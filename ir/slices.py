@@ -28,16 +28,26 @@ class SlicePiece:
 
 
 def _holders(plan: Plan, unit: str) -> list[tuple[int, ...]]:
-    """Per pipeline, the GPUs (in TP-rank order) of the stage holding ``unit``."""
+    """Per pipeline, the GPUs (in TP-rank order) of the stage holding ``unit``. Under W-shape
+    folding the head sits on stage 0 and each stage holds a down-leg and an up-leg layer range."""
+    from .schedules import fold_layers
+
+    folded = plan.problem.schedule == "wshape"
+    nlayers = plan.problem.model.layers
     out = []
     for pipe in plan.pipelines:
-        if unit == "embedding":
+        if unit == "embedding" or (unit == "head" and folded):
             out.append(pipe.stages[0].gpus)
         elif unit == "head":
             out.append(pipe.stages[-1].gpus)
         else:
             layer = int(unit.split(".")[1])
-            out.append(next(s.gpus for s in pipe.stages if s.layers[0] <= layer < s.layers[1]))
+            if folded:
+                legs = fold_layers([s.num_layers for s in pipe.stages], nlayers)
+                out.append(next(s.gpus for s, (d, u) in zip(pipe.stages, legs)
+                                if d[0] <= layer < d[1] or u[0] <= layer < u[1]))
+            else:
+                out.append(next(s.gpus for s in pipe.stages if s.layers[0] <= layer < s.layers[1]))
     return out
 
 

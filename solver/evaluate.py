@@ -86,14 +86,17 @@ def stage_cost(plan_or_problem: Any, stage: StagePlan, index: int, num_stages: i
     gpu = cl.gpu_of_node(stage.node)
     intra = cost.cluster_link(cl, stage.node, stage.node)
     lc = cost.layer_cost(model, tr, stage.tp, gpu, intra, profile)
-    first, last = index == 0, index == num_stages - 1
+    # W-shaped folding puts both ends of the model (embedding and head) on stage 0
+    # (shared/reference/dhelix.md §3.1) and doubles the point-to-point messages per boundary (§3.6).
+    folded = sched == "wshape"
+    first, last = index == 0, (index == 0 if folded else index == num_stages - 1)
     heads = cost.head_cost(model, tr, stage.tp, gpu, profile)
     fwd = stage.num_layers * lc.fwd + (heads["embed_fwd"] if first else 0.0) + (heads["head_fwd"] if last else 0.0)
     bwd = stage.num_layers * lc.bwd + (heads["embed_bwd"] if first else 0.0) + (heads["head_bwd"] if last else 0.0)
     comm = 0.0
     if next_stage is not None:
         link = cost.cluster_link(cl, stage.node, next_stage.node)
-        comm = 2.0 * cost.stage_edge_cost(model, tr, link, profile)
+        comm = (4.0 if folded else 2.0) * cost.stage_edge_cost(model, tr, link, profile)
     params = stage_params(model, stage.num_layers, first, last) / stage.tp
     inflight = cost.inflight_microbatches(sched, index, num_stages, micro_batches)
     act = stage.num_layers * cost.activation_bytes_per_layer(model, tr, stage.tp) * inflight

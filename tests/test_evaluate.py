@@ -93,8 +93,16 @@ def test_inflight_depends_on_schedule(example_plan: Plan) -> None:
     for sched in ("gpipe", "1f1b", "wshape"):
         mem[sched] = stage_cost(example_plan, pipe.stages[1], 1, 2, pipe.micro_batches, None,
                                 DEFAULT_PROFILE, schedule=sched).memory_bytes
-    # last stage: 1F1B holds 1 micro-batch, W-shape P = 2, GPipe all 22
-    assert mem["1f1b"] < mem["wshape"] < mem["gpipe"]
+    # last stage: 1F1B holds 1 micro-batch, GPipe all 22
+    assert mem["1f1b"] < mem["gpipe"]
+    # W-shape holds P = 2 micro-batches on every stage but moves the head (its states and
+    # activations) to stage 0, where the folded model's both ends meet.
+    p = example_plan.problem
+    st = pipe.stages[1]
+    act = cost.activation_bytes_per_layer(p.model, p.training, st.tp) * st.num_layers
+    head = (cost.head_activation_bytes(p.model, p.training, st.tp)
+            + cost.model_state_bytes(p.model.head_params, st.tp, p.training))
+    assert mem["wshape"] - mem["1f1b"] == pytest.approx(act * (2 - 1) - head)
 
 
 def test_wshape_pair_savings_shorten_the_iteration(example_plan: Plan) -> None:
@@ -102,6 +110,9 @@ def test_wshape_pair_savings_shorten_the_iteration(example_plan: Plan) -> None:
     w = Plan(problem=PlanProblem(cluster=p.cluster, model=p.model, training=p.training, schedule="wshape"),
              pipelines=example_plan.pipelines)
     plain = evaluate(w)
-    assert plain.pipeline_times_s == pytest.approx(evaluate(example_plan).pipeline_times_s)  # g = 0 → 1F1B
+    # g = 0: the W-shape makespan is the 1F1B formula on the folded stages' costs
+    expect = [cost.pipeline_time([c.time for c in st], pp.micro_batches)
+              for st, pp in zip(plain.stages, w.pipelines)]
+    assert plain.pipeline_times_s == pytest.approx(tuple(expect))
     saved = evaluate(w, pair_savings={2: 0.2})
     assert saved.iteration_time_s < plain.iteration_time_s
