@@ -225,8 +225,10 @@ class _Session:
         params = {"segments": self.segments, "backend": backend, "variables": r["variables"],
                   **({"time_limit": opts["time_limit"]} if "time_limit" in opts else {})}
         if not r["path"]:
+            why = ("time limit reached before any path was found" if r["status"] is SolveStatus.TIMEOUT
+                   else f"solver status {r['status'].value}, no path decoded")
             return PairingResult(solver=solver, status=r["status"], plan=None, solve_time_s=r["solve_time_s"],
-                                 reason="no path decoded", params=params)
+                                 reason=why, params=params)
         return _barrier_result(solver, p, self.model, _edges_to_blocks(p, r["path"]), r["status"], t0,
                                self.scope(), bound=r["bound"], params=params)
 
@@ -294,15 +296,26 @@ def score_pairing_plan(problem: PairingProblem, plan: PairingPlan, name: str = "
 def results_to_dict(problem: PairingProblem, results: list[PairingResult]) -> dict[str, Any]:
     """The JSON object ``hexhelix pair --json`` and ``hexhelix solve`` print."""
     seq = sum(o.duration_s for o in problem.ops)
+    out = []
+    for r in results:
+        d = r.to_dict()
+        d["saving_g"] = max(0.0, 1.0 - r.makespan_s / seq) if seq > 0 and math.isfinite(r.makespan_s) else None
+        out.append(d)
     return {"schema": RESULT_SCHEMA, "kind": "pairing", "meta": problem.meta,
-            "lower_bound_s": lower_bound_s(problem), "sequential_s": seq,
-            "results": [r.to_dict() for r in results]}
+            "lower_bound_s": lower_bound_s(problem), "sequential_s": seq, "results": out}
 
 
-def solve_pairing_problem(d: dict[str, Any], solver: str = "all", options: dict[str, Any] | None = None) -> dict[str, Any]:
+def solve_pairing_problem(d: dict[str, Any], solver: str | None = None,
+                          options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``hexhelix solve`` entry: a ``hexhelix.problem/1`` document of kind ``pairing`` in, the
-    result object out (same shape as ``hexhelix pair --json``)."""
+    result object out (same shape as ``hexhelix pair --json``). An optional ``solve`` object in the
+    document (``{"solver": "cpsat", "time_limit": 5, ...}``) supplies defaults that the arguments
+    override; without one every method runs."""
     problem = PairingProblem.from_dict(d)
+    settings = dict(d.get("solve") or {}) if isinstance(d.get("solve") or {}, dict) else {}
+    solver = solver or settings.pop("solver", "all")
+    settings.pop("solver", None)
+    options = {**settings, **(options or {})}
     if solver == "all":
         results = solve_pairing_all(problem, options)
     else:

@@ -198,6 +198,13 @@ class OverlapModel:
         return hit
 
     def _block(self, ops: tuple[int, ...]) -> BlockSchedule:
+        if len({self.resource[i] for i in ops}) == 1:  # one resource: back to back, nothing overlaps
+            t, starts, ends = 0.0, {}, {}
+            for i in ops:  # forward then backward, each in topological order
+                starts[i], t = t, t + self.base[i]
+                ends[i] = t
+            return BlockSchedule(starts=starts, ends=ends, overlaps=frozenset(),
+                                 cost=t + self.problem.block_overhead_s)
         members = set(ops)
         pairs = [key for a, i in enumerate(ops) for j in ops[a + 1:]
                  if (key := (min(i, j), max(i, j))) in self.penalty]

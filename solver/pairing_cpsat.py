@@ -101,7 +101,8 @@ def barrier_free_windows(starts: dict[int, float], ends: dict[int, float]) -> li
 def solve_cpsat(m: OverlapModel, hint: tuple[dict[int, float], dict[int, float], set[tuple[int, int]]],
                 options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Solve the barrier-free model. ``hint`` = (starts, ends, charged pairs) of a feasible float
-    schedule (the DP plan's blocks laid end to end). ``options``: ``time_limit`` (s, default 10),
+    schedule (the DP plan's blocks laid end to end). ``options``: ``time_limit`` (s, default 9, so
+    a solve with model building stays under 10 s),
     ``workers`` (default 2), ``seed`` (default 0), ``export_model`` (path for the proto as text),
     ``log`` (solver log on stdout).
 
@@ -119,7 +120,7 @@ def solve_cpsat(m: OverlapModel, hint: tuple[dict[int, float], dict[int, float],
     if opts.get("export_model"):
         model.export_to_file(str(opts["export_model"]))
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(opts.get("time_limit", 10.0))
+    solver.parameters.max_time_in_seconds = float(opts.get("time_limit", 9.0))
     solver.parameters.num_workers = int(opts.get("workers", 2))
     solver.parameters.random_seed = int(opts.get("seed", 0))
     solver.parameters.log_search_progress = bool(opts.get("log", False))

@@ -129,7 +129,9 @@ def solve_lattice(table: CostTable, options: dict[str, Any] | None = None) -> di
             k = chosen.pop(node)
             path.append(k[2])
             node = k[1]
-        if node != (table.nf, table.nb):
+        if not path:
+            status = SolveStatus.TIMEOUT if status is SolveStatus.TIMEOUT else SolveStatus.ERROR
+        elif node != (table.nf, table.nb):
             logger.warning("lattice: decoded flow does not reach the sink; treating as no solution")
             status, path = SolveStatus.ERROR, []
     cost = path_cost(table, path) if path else float("inf")

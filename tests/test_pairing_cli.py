@@ -28,6 +28,7 @@ def test_json_has_results_and_lower_bound(capsys: pytest.CaptureFixture[str], tm
         assert r["makespan_s"] >= out["lower_bound_s"] * (1 - 1e-9)
     by = {r["solver"]: r for r in out["results"]}
     assert by["cpsat"]["makespan_s"] <= by["dp"]["makespan_s"] <= by["sequential"]["makespan_s"]
+    assert by["sequential"]["saving_g"] == 0.0 < by["dp"]["saving_g"] <= by["cpsat"]["saving_g"] < 1
     assert out["meta"]["gpu"] == "A40" and out["meta"]["tp"] == 4
     # the exported problem re-solves to the same DP answer (what `hexhelix solve` calls)
     again = solve_pairing_problem(json.loads(prob.read_text()), "dp")

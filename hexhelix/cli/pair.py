@@ -94,11 +94,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'solver':<24} {'status':<10} {'time ms':>9} {'bound ms':>9} {'g':>6} {'hidden':>7} "
           f"{'blocks':>6} {'solve s':>8}")
     for r in results:
+        if r.plan is None:
+            print(f"{r.solver:<24} {r.status.value:<10} {'-':>9} {'-':>9} {'-':>6} {'-':>7} {'-':>6} "
+                  f"{r.solve_time_s:8.2f}  {r.reason}")
+            continue
         bound = f"{r.bound_s * 1e3:9.3f}" if r.bound_s is not None else f"{'-':>9}"
-        g = 1 - r.makespan_s / seq if seq > 0 else 0.0
-        nb = len(r.plan.blocks) if r.plan else 0
+        g = max(0.0, 1 - r.makespan_s / seq) if seq > 0 else 0.0
         print(f"{r.solver:<24} {r.status.value:<10} {r.makespan_s * 1e3:9.3f} {bound} {g:6.3f} "
-              f"{r.hidden_comm_fraction:7.1%} {nb:>6} {r.solve_time_s:8.2f}")
+              f"{r.hidden_comm_fraction:7.1%} {len(r.plan.blocks):>6} {r.solve_time_s:8.2f}")
         if args.show_blocks and r.plan:
             for k, b in enumerate(r.plan.blocks):
                 print(f"    {k + 1:>2}  {', '.join(b.fwd) or '-'}  ||  {', '.join(b.bwd) or '-'}  "
