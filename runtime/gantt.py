@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hexhelix.ir.errors import InvalidInputError
-from hexhelix.ir.program import Op
+from hexhelix.ir.program import Instr, Op
 
 from .sim_result import SimResult
 
@@ -84,7 +84,7 @@ def write_gantt(result: SimResult, path: str | Path, *, title: str | None = None
     return p
 
 
-def _label(ins) -> str:
+def _label(ins: Instr) -> str:
     if ins.op is Op.PAIR and ins.pair is not None:
         return f"{ins.pair[0].mb}|{ins.pair[1].mb}"
     return str(ins.mb) if ins.mb >= 0 else ""

@@ -15,15 +15,23 @@ Execution model (instruction semantics: docs/program.md)
   default) a transfer starts only once both ends are posted; under *eager* it starts when the
   send is posted and the receiver finds the data when it gets there. A transfer occupies the
   link-class stream of both ends for max(SEND.dur, RECV.dur).
+  The compiler emits each RECV right before its consumer, so under rendezvous the receiver waits
+  for every transfer; ``SimOptions(recv_ahead=n)`` models a runtime that posts its ``irecv`` n
+  compute ops earlier.
 * **Collectives** (COLL on a header group, GRAD_SYNC over its bucket's group) start when every
   member has arrived and their link streams are free; they last the longest member's ``dur``.
 * **SYNC** releases when both strands arrive. **PAIR** waits for both strands, then runs its two
   ops together on the compute stream for the co-executed time (see :func:`~.sim_prep.prepare`).
-* **Memory** (liveness per rank, on top of model states and the runtime reserve): F allocates its ``bytes`` when it starts, B (or BW) frees them
+* **Memory** (liveness per rank): F allocates its ``bytes`` when it starts, B (or BW) frees them
   when it ends; a receive buffer is live from its post (rendezvous) or arrival (eager) until
   its consumer starts. In a PAIR the F's allocation and the B's release proceed together, layer
   by layer as in DHelix (reference/dhelix.md §3.5), so the pair's net change lands at its end
-  (the transient of at most one layer is not modelled). Peak = model states + peak live bytes.
+  (the transient of at most one layer is not modelled). Peak = model states + runtime reserve +
+  peak live bytes, the terms of the cost model's memory.
+* **Not modelled**: TP peers are simulated independently (their programs are identical, so they
+  stay in step; the TP collectives inside F/B are part of ``dur``); a link stream carries one
+  transfer at a time in either direction (no full-duplex overlap of a send and a receive on the
+  same link class).
 * **Deadlock**: when no event is left and some strand has not finished, the run stops with
   :class:`~hexhelix.ir.errors.ScheduleError` carrying the wait-for cycle, never a hang.
 
@@ -42,7 +50,19 @@ from hexhelix.ir.errors import ScheduleError
 from hexhelix.ir.profile import DEFAULT_PROFILE
 from hexhelix.ir.program import Program
 
-from .sim_prep import COLL, GS, JOINT, LOAD, PAIR, RECV, SEND, SYNC, check_options, prepare
+from .sim_prep import (
+    COLL,
+    GS,
+    JOINT,
+    LOAD,
+    PAIR,
+    RECV,
+    SEND,
+    SYNC,
+    check_options,
+    prepare,
+    prepost_receives,
+)
 from .sim_result import RankStats, SimResult, Timeline
 
 __all__ = ["SimOptions", "simulate"]
@@ -59,6 +79,8 @@ class SimOptions:
     ``p2p``: "rendezvous" (a transfer starts once both ends are posted) or "eager" (when the
     send is posted). ``pair_oef``: override every PAIR's time with T_a + T_b − OEF·min(T_a, T_b).
     ``comm_scale``: multiply every transfer and collective duration (0 = free communication).
+    ``recv_ahead``: post every RECV ``recv_ahead`` compute ops before its consumer instead of right
+    before it (a runtime pre-posting ``irecv``; see :func:`~.sim_prep.prepost_receives`).
     ``record``: keep the timeline for traces and Gantt charts. ``reserve_bytes``: per-GPU runtime
     reserve (CUDA context, NCCL buffers) added to every rank's peak, as the cost model does;
     default ``program.meta["runtime_reserve_bytes"]`` or ``DEFAULT_PROFILE.runtime_reserve_bytes``.
@@ -67,11 +89,12 @@ class SimOptions:
     p2p: str = "rendezvous"
     pair_oef: float | None = None
     comm_scale: float = 1.0
+    recv_ahead: int = 0
     record: bool = True
     reserve_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        check_options(self.p2p, self.pair_oef, self.comm_scale)
+        check_options(self.p2p, self.pair_oef, self.comm_scale, self.recv_ahead)
 
 
 def simulate(program: Program, options: SimOptions | None = None) -> SimResult:
@@ -85,6 +108,8 @@ def simulate(program: Program, options: SimOptions | None = None) -> SimResult:
     """
     opts = options or SimOptions()
     t0 = time.perf_counter()
+    if opts.recv_ahead:
+        program = prepost_receives(program, opts.recv_ahead)
     eng = _Engine(program, opts)
     eng.run()
     res = eng.result(time.perf_counter() - t0)
@@ -109,7 +134,6 @@ class _Engine:
         self.t_posted = [0] * nt
         self.t_recv_posted = [False] * nt
         self.t_done = [False] * nt
-        self.t_start = [0.0] * nt
         self.c_arrived = [0] * len(p.c_members)
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = 0
@@ -130,10 +154,13 @@ class _Engine:
 
     def run(self) -> None:
         nstr = self.p.nstr
+        heap, work, stride = self.heap, self.work, self.stride
         for r in range(self.program.world_size):
             for s in range(nstr):
                 self._advance(r, s, 0.0)
-        heap, work, stride = self.heap, self.work, self.stride
+            while work:  # strands released at time 0 (e.g. a program that opens with SYNC)
+                r2, s2 = work.pop()
+                self._advance(r2, s2, 0.0)
         while heap:
             t, _, kind, x = heapq.heappop(heap)
             self.end = t
@@ -249,7 +276,6 @@ class _Engine:
         d = p.t_dur[tid]
         en = st + d
         lf_s[cls] = lf_d[cls] = en
-        self.t_start[tid] = st
         if d > 0:
             self.comm[src] += d
             self.comm[dst] += d
@@ -295,27 +321,36 @@ class _Engine:
             return
         prog = self.program.programs
         edges: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        why: dict[tuple[tuple[int, int], tuple[int, int]], str] = {}
         for (r, s), i in blocked.items():
             c = p.code[r][i]
-            out: list[tuple[int, int]] = []
+            out: list[tuple[tuple[int, int], str]] = []
             if c in (SYNC, PAIR) and self.arrive[r][i] < p.nstr:
-                out += [(r, s2) for s2 in range(p.nstr) if blocked.get((r, s2)) != i]
+                out += [((r, s2), f"strand {s2} to reach it") for s2 in range(p.nstr) if blocked.get((r, s2)) != i]
             if c in (COLL, GS):
-                out += [(m, p.strand[m][j]) for m, j in p.c_members[p.link[r][i]]
+                out += [((m, p.strand[m][j]), f"rank {m} to reach {prog[m][j]}") for m, j in p.c_members[p.link[r][i]]
                         if blocked.get((m, p.strand[m][j])) != j]
-            if p.ndeps[r][i] > 0:  # waiting for data: which sender has not posted?
+            if p.ndeps[r][i] > 0:  # waiting for data: which end of the transfer is not posted?
                 for ri, cons in p.consumer[r].items():
                     tid = p.link[r][ri]
                     if cons == i and not self.t_done[tid]:
                         if not self.t_recv_posted[tid]:  # its RECV sits in the other strand
-                            out.append((r, p.strand[r][ri]))
+                            out.append(((r, p.strand[r][ri]), f"{prog[r][ri]} to be posted"))
                         else:
-                            out.append((p.t_src[tid], p.strand[p.t_src[tid]][p.t_si[tid]]))
-            edges[(r, s)] = [v for v in out if v in blocked]
+                            src, si = p.t_src[tid], p.t_si[tid]
+                            out.append(((src, p.strand[src][si]), f"{prog[src][si]} on rank {src}"))
+            edges[(r, s)] = [v for v, _ in out if v in blocked]
+            for v, reason in out:
+                why.setdefault(((r, s), v), reason)
         cycle = _find_cycle(edges)
         where = cycle or sorted(blocked)[:8]
         desc = [(r, s, str(prog[r][blocked[(r, s)]])) for r, s in where]
-        text = " -> ".join(f"rank {r} strand {s} at {tok}" for r, s, tok in desc[:8])
+        steps = []
+        for k, (r, s, tok) in enumerate(desc[:8]):
+            nxt = where[(k + 1) % len(where)] if cycle else None
+            reason = why.get(((r, s), nxt), "") if nxt else ""
+            steps.append(f"rank {r} strand {s} at {tok}" + (f" (waits for {reason})" if reason else ""))
+        text = " -> ".join(steps)
         if cycle:
             msg = f"deadlock: wait-for cycle of {len(cycle)}: {text} -> (back to rank {cycle[0][0]})"
         else:
@@ -331,11 +366,20 @@ class _Engine:
         if reserve is None:
             reserve = int(program.meta.get("runtime_reserve_bytes", DEFAULT_PROFILE.runtime_reserve_bytes))
         stats = []
+        record = self.opts.record
+        levels: list[tuple[tuple[float, int], ...]] = []
         for r in range(W):
             peak = level = 0
-            for _, delta in sorted(self.mem[r]):
+            curve: list[tuple[float, int]] = []
+            for when, delta in sorted(self.mem[r]):
                 level += delta
                 peak = max(peak, level)
+                if record:
+                    if curve and curve[-1][0] == when:
+                        curve[-1] = (when, level)
+                    else:
+                        curve.append((when, level))
+            levels.append(tuple(curve))
             exposed = _exposed(self.comm_iv[r], self.comp_iv[r])
             union = _exposed(self.comm_iv[r], [])
             info = program.ranks[r]
@@ -346,10 +390,11 @@ class _Engine:
                                    reserve_bytes=reserve))
         timeline = None
         if self.opts.record:
-            timeline = Timeline(program=program, spans=tuple(tuple(s) for s in self.spans), flows=tuple(self.flows))
+            timeline = Timeline(program=program, spans=tuple(tuple(s) for s in self.spans), flows=tuple(self.flows),
+                                memory=tuple(levels))
         n = sum(len(x) for x in program.programs)
         options = {"p2p": self.opts.p2p, "pair_oef": self.opts.pair_oef, "comm_scale": self.opts.comm_scale,
-                   "pair_model": self.p.pair_model, "reserve_bytes": reserve}
+                   "recv_ahead": self.opts.recv_ahead, "pair_model": self.p.pair_model, "reserve_bytes": reserve}
         return SimResult(makespan_s=makespan, schedule=program.schedule, strands=program.strands, instructions=n,
                          ranks=tuple(stats), options=options, wall_s=wall, timeline=timeline)
 

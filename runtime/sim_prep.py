@@ -10,13 +10,13 @@ Semantics follow docs/program.md.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hexhelix.ir.errors import InvalidInputError, ScheduleError
 from hexhelix.ir.profile import DEFAULT_PROFILE
 from hexhelix.ir.program import Instr, Kind, Op, Program
 
-__all__ = ["CODE", "Prepared", "prepare"]
+__all__ = ["CODE", "Prepared", "prepare", "prepost_receives"]
 
 # integer op codes (the event loop compares ints, not enums)
 LOAD, F, B, BI, BW, SEND, RECV, COLL, GS, OPT, SYNC, PAIR = range(12)
@@ -104,6 +104,11 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
         sq: list[list[int]] = [[] for _ in range(nstr)]
         for i, ins in enumerate(prog):
             c = c_r[i]
+            if c == SYNC:
+                s_r[i] = JOINT
+                for q in sq:
+                    q.append(i)
+                continue
             st = ins.strand
             if c == SEND or c == RECV:
                 peer = ins.peer
@@ -155,10 +160,10 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
                     raise _fail(program, r, i, f"unknown bucket {ins.bucket!r} (not in the header's grad_sync)")
                 issued[("G", ins.bucket)][r].append(i)
                 d_r[i] *= comm_scale
-            if c == SYNC or c == PAIR:
+            if c == PAIR:
                 s_r[i] = JOINT
-                for s in range(nstr):
-                    sq[s].append(i)
+                for q in sq:
+                    q.append(i)
             else:
                 if c == GS or c == OPT:
                     st = 0
@@ -251,11 +256,38 @@ def prepare(program: Program, *, pair_oef: float | None = None, comm_scale: floa
                     c_cls=c_cls, pair_model=pair_model)
 
 
-def check_options(p2p: str, pair_oef: float | None, comm_scale: float) -> None:
+def check_options(p2p: str, pair_oef: float | None, comm_scale: float, recv_ahead: int = 0) -> None:
     """Reject simulator options outside their meaning, naming the option."""
+    if isinstance(recv_ahead, bool) or not isinstance(recv_ahead, int) or recv_ahead < 0:
+        raise InvalidInputError(f"must be a non-negative integer, got {recv_ahead!r}", field="recv_ahead")
     if p2p not in ("rendezvous", "eager"):
         raise InvalidInputError(f"must be 'rendezvous' or 'eager', got {p2p!r}", field="p2p")
     if pair_oef is not None and not -1.0 <= pair_oef <= 1.0:
         raise InvalidInputError(f"must be in [-1, 1] (DHelix OEF), got {pair_oef}", field="pair_oef")
     if not comm_scale >= 0:
         raise InvalidInputError(f"must be >= 0, got {comm_scale}", field="comm_scale")
+
+
+def prepost_receives(program: Program, ahead: int) -> Program:
+    """The same program with every RECV moved in front of the ``ahead``-th compute op (F/B/BI/BW/
+    PAIR) before it on its rank — what a runtime that posts each ``irecv`` early does (allowed by
+    docs/program.md §4). Posting is non-blocking, so this changes when transfers may start under
+    rendezvous, never what is computed; per-channel order is kept (RECVs keep their relative order).
+    """
+    if ahead <= 0:
+        return program
+    compute = (Op.F, Op.B, Op.BI, Op.BW, Op.PAIR)
+    progs = []
+    for prog in program.programs:
+        seen: list[int] = []
+        keys: list[tuple[float, int]] = []
+        for k, ins in enumerate(prog):
+            if ins.op is Op.RECV:
+                keys.append((seen[-ahead] - 0.5 if len(seen) >= ahead else -0.5, k))
+            else:
+                keys.append((float(k), k))
+            if ins.op in compute:
+                seen.append(k)
+        order = sorted(range(len(prog)), key=keys.__getitem__)
+        progs.append(tuple(prog[k] for k in order))
+    return replace(program, programs=tuple(progs))

@@ -59,11 +59,13 @@ class RankStats:
 class Timeline:
     """Where every executed instruction ran: ``spans[r]`` lists ``(start, end, stream, index)``
     for rank r (``index`` into ``program.programs[r]``); ``flows`` lists each point-to-point
-    transfer as ``(src, send_index, dst, recv_index, start, end)``."""
+    transfer as ``(src, send_index, dst, recv_index, start, end)``; ``memory[r]`` lists
+    ``(time, live_bytes)`` after each change of rank r's live activations and receive buffers."""
 
     program: Program
     spans: tuple[tuple[tuple[float, float, int, int], ...], ...]
     flows: tuple[tuple[int, int, int, int, float, float], ...]
+    memory: tuple[tuple[tuple[float, int], ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,16 +134,23 @@ class SimResult:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1) + "\n"
 
-    def format_table(self) -> str:
-        """A human-readable per-rank table (what ``hexhelix simulate`` prints without --json)."""
+    def format_table(self, max_rows: int = 64) -> str:
+        """A human-readable per-rank table (what ``hexhelix simulate`` prints without --json); at
+        most ``max_rows`` ranks, the fullest-memory ranks first beyond that."""
         gib = 2.0**30
         lines = [f"makespan {self.makespan_s:.6g} s   bubble {100 * self.bubble_fraction:.1f} %   "
                  f"comm exposed {self.exposed_comm_s:.4g} s / hidden {self.hidden_comm_s:.4g} s (mean per rank)",
                  f"{'rank':>5} {'busy s':>10} {'idle s':>10} {'comm s':>10} {'exposed s':>10} "
                  f"{'peak GiB':>9} {'cap GiB':>8}"]
-        for r in self.ranks:
+        shown = list(self.ranks)
+        if len(shown) > max_rows:
+            shown = sorted(sorted(shown, key=lambda r: -r.peak_memory_bytes)[:max_rows], key=lambda r: r.rank)
+        for r in shown:
             flag = "  OVER CAPACITY" if r.over_capacity else ""
             lines.append(f"{r.rank:>5} {r.busy_s:>10.4g} {r.idle_s:>10.4g} {r.comm_s:>10.4g} "
                          f"{r.exposed_comm_s:>10.4g} {r.peak_memory_bytes / gib:>9.2f} "
                          f"{r.capacity_bytes / gib:>8.1f}{flag}")
+        if len(shown) < len(self.ranks):
+            lines.append(f"({len(self.ranks) - len(shown)} more ranks not shown: the {max_rows} with the highest peak "
+                         "memory are listed; --json has all)")
         return "\n".join(lines)

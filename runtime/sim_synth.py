@@ -9,6 +9,8 @@ independent of the compiler, so they can check the simulator against closed form
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.program import (
@@ -24,6 +26,8 @@ from hexhelix.ir.program import (
 )
 
 __all__ = ["synthetic_program"]
+
+_Channel = Callable[[int, int, str, int], int]
 
 
 def synthetic_program(schedule: str, stages: int, micro_batches: int, *, f: float = 1.0, b: float = 2.0,
@@ -90,7 +94,7 @@ def synthetic_program(schedule: str, stages: int, micro_batches: int, *, f: floa
 
 
 def _single_rank(prog: list[Instr], schedule: str, q: int, k: int, P: int, m: int, f: float, b: float,
-                 comm: float, act: int, ch) -> None:
+                 comm: float, act: int, ch: _Channel) -> None:
     """GPipe (all F, then all B) or 1F1B (min(P−k−1, m) warm-up forwards, F/B steady, cool-down)."""
     s, base = q * P + k, q * P
 
@@ -130,7 +134,7 @@ def _single_rank(prog: list[Instr], schedule: str, q: int, k: int, P: int, m: in
 
 
 def _wshape_rank(prog: list[Instr], q: int, p: int, P: int, m: int, f: float, b: float, comm: float, g: float,
-                 act: int, ch) -> None:
+                 act: int, ch: _Channel) -> None:
     """DHelix ticks on physical stage p (docs/program.md §7, shared/reference/dhelix.md §3.3):
     warm-up P−p−1 down-ticks, then down-tick w+i / up-tick i alternately, then the rest; a down-tick
     t runs F(down_p, t) ∥ B(up_p, t−P), an up-tick F(up_p, t) ∥ B(down_p, t−P)."""

@@ -1,7 +1,8 @@
 """Chrome trace export of a simulated timeline (Trace Event Format; opens in Perfetto and
 chrome://tracing).
 
-One process per rank, one thread (track) per stream: compute, intra-node link, inter-node link.
+One process per rank, one thread (track) per stream: compute, intra-node link, inter-node link,
+plus a counter track of the rank's live activation and receive-buffer memory.
 Every instruction that took time is a complete event (``ph: "X"``) named by its token; each
 point-to-point transfer carries a flow arrow (``ph: "s"`` on the SEND's slice, ``ph: "f"`` on the
 RECV's) so Perfetto draws the message from sender to receiver.
@@ -53,6 +54,10 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
                        "tid": stream_of[src].get(si, 0), "ts": start * _US})
         events.append({"ph": "f", "bp": "e", "id": fid, "name": name, "cat": "p2p", "pid": dst,
                        "tid": stream_of[dst].get(ri, 0), "ts": start * _US})
+    for r, curve in enumerate(tl.memory):
+        for when, live in curve:
+            events.append({"ph": "C", "name": "live activation + receive buffers (GiB)", "pid": r,
+                           "ts": when * _US, "args": {"GiB": live / 2**30}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": prog.schedule, "makespan_s": result.makespan_s,
                           "bubble_fraction": result.bubble_fraction}}

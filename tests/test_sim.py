@@ -3,6 +3,8 @@ shared/reference/dhelix.md §3.4–3.5) and its execution semantics on tiny hand
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hexhelix.ir.errors import InvalidInputError, ScheduleError
 from hexhelix.ir.model import PRESETS, TrainingConfig
@@ -211,15 +213,86 @@ def test_bad_options_are_rejected() -> None:
         SimOptions(p2p="buffered")
     with pytest.raises(InvalidInputError, match="pair_oef"):
         SimOptions(pair_oef=3.0)
+    with pytest.raises(InvalidInputError, match="recv_ahead"):
+        SimOptions(recv_ahead=-1)
 
 
-@pytest.mark.parametrize("P", [2, 3, 4, 8])
-def test_wshape_at_m_equal_P_has_no_pairs_and_beats_1f1b(P: int) -> None:
-    """m = P: no tick co-executes (dhelix.md §3.4 edge case), yet the two folded chunks per stage
-    fill the ramp like a 2-chunk interleaved 1F1B, so W ends before 1F1B's (2P−1)(f+b).
-    (The closed form (f+b)(P + (m−1)(1−g)) is derived for m > P.)"""
-    prog = synthetic_program("wshape", P, P, f=F_, b=B_, g=0.3)
+def test_recv_ahead_posts_earlier_without_changing_what_runs() -> None:
+    """Pre-posting receives keeps every rank's compute order and per-channel order; with eager
+    sends it changes nothing, under rendezvous it can only help."""
+    from hexhelix.runtime.sim_prep import prepost_receives
+
+    prog = synthetic_program("1f1b", 4, 8, f=F_, b=B_, comm=0.1)
+    moved = prepost_receives(prog, 1)
+    for a, b in zip(prog.programs, moved.programs):
+        assert sorted(map(str, a)) == sorted(map(str, b))
+        assert [str(i) for i in a if i.op is not Op.RECV] == [str(i) for i in b if i.op is not Op.RECV]
+        assert [str(i) for i in a if i.op is Op.RECV] == [str(i) for i in b if i.op is Op.RECV]
+    late = simulate(prog).makespan_s
+    early = simulate(prog, SimOptions(recv_ahead=1)).makespan_s
+    assert early <= late
+    assert early == pytest.approx(simulate(prog, SimOptions(p2p="eager")).makespan_s)
+
+
+@pytest.mark.parametrize(("P", "m"), [(2, 2), (3, 1), (3, 3), (4, 2), (5, 5), (8, 8)])
+@pytest.mark.parametrize(("f", "b"), [(1.0, 2.0), (2.0, 1.0), (1.0, 1.0)])
+def test_wshape_with_m_at_most_P(P: int, m: int, f: float, b: float) -> None:
+    """m ≤ P: no tick co-executes (dhelix.md §3.4 edge case), yet the two folded chunks per stage
+    fill the ramp like a 2-chunk interleaved 1F1B: the simulated makespan is P(f+b) + (m−1)·max(f, b),
+    below 1F1B's (m+P−1)(f+b) for m ≥ 2 (the closed form (f+b)(P + (m−1)(1−g)) holds for m > P)."""
+    prog = synthetic_program("wshape", P, m, f=f, b=b, g=0.3)
     assert not any(i.op is Op.PAIR for p in prog.programs for i in p)
-    w = simulate(prog).makespan_s
-    assert w < (2 * P - 1) * (F_ + B_)
-    assert w >= P * (F_ + B_)  # every stage still computes P micro-batches
+    assert simulate(prog).makespan_s == pytest.approx(P * (f + b) + (m - 1) * max(f, b), rel=1e-12)
+
+
+@pytest.mark.parametrize(("P", "p2p", "period"), [(2, "rendezvous", 2), (3, "rendezvous", 4), (8, "rendezvous", 4),
+                                                   (8, "eager", 2)])
+def test_1f1b_steady_state_period_with_communication(P: int, p2p: str, period: int) -> None:
+    """Transfers of c seconds: under rendezvous with each RECV posted right before its consumer
+    (as the compiler emits), a receiver waits for every transfer, and the 1F1B F↔B dependency cycle
+    between neighbours makes the steady-state period f + b + 4c on interior stages (f + b + 2c with
+    two stages); eager sends leave f + b + 2c — the cost model's u = f + b + 2c."""
+    c, m = 0.1, 24
+    res = simulate(synthetic_program("1f1b", P, m, f=F_, b=B_, comm=c), SimOptions(p2p=p2p))
+    prog = res.timeline.program
+    k = P // 2
+    starts = sorted(s for s, _, st, i in res.timeline.spans[k] if prog.programs[k][i].op is Op.F)
+    steady = [b - a for a, b in zip(starts[P:], starts[P + 1:])][: m - 2 * P]
+    if p2p == "rendezvous":
+        assert steady == pytest.approx([F_ + B_ + period * c] * len(steady))
+    else:
+        assert sum(steady) / len(steady) <= F_ + B_ + period * c + 1e-9
+
+
+def test_program_opening_with_a_barrier() -> None:
+    """A strand barrier reached by both strands at time 0 releases at time 0 (no false deadlock)."""
+    p = _prog([[Instr(op=Op.SYNC, sync=0), Instr(op=Op.F, stage=0, mb=0, strand=1, dur=2),
+                Instr(op=Op.SYNC, sync=1), Instr(op=Op.B, stage=0, mb=0, strand=1, dur=1), Instr(op=Op.OPT)]],
+              strands=2)
+    assert simulate(p).makespan_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("schedule", ["1f1b", "wshape"])
+def test_stream_invariants_under_random_durations(seed: int, schedule: str) -> None:
+    """Random per-op durations (seeded): streams never run two things at once, busy time never
+    exceeds the makespan, and every op ends after it starts."""
+    import random
+    from dataclasses import replace
+
+    rng = random.Random(seed)
+    base = synthetic_program(schedule, 4, 7, pipes=2, comm=0.2, grad_sync=0.3, ranks_per_node=3)
+
+    def jitter(i: Instr) -> Instr:
+        if i.pair is not None:
+            return replace(i, dur=rng.uniform(0.5, 2.0), pair=(jitter(i.pair[0]), jitter(i.pair[1])))
+        return replace(i, dur=rng.uniform(0.0, 2.0)) if i.dur > 0 else i
+
+    prog = replace(base, programs=tuple(tuple(jitter(i) for i in p) for p in base.programs))
+    res = simulate(prog)
+    for r, spans in enumerate(res.timeline.spans):
+        assert res.ranks[r].busy_s <= res.makespan_s + 1e-9
+        for stream in (0, 1, 2):
+            iv = sorted((s, e) for s, e, st, _ in spans if st == stream)
+            assert all(e >= s for s, e in iv)
+            assert all(a[1] <= b[0] + 1e-9 for a, b in itertools.pairwise(iv)), (r, stream)

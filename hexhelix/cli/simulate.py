@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override every PAIR's time with Ta+Tb-X*min(Ta,Tb) (default: the program's estimate)")
     p.add_argument("--comm-scale", type=float, default=1.0, metavar="X",
                    help="multiply every transfer and collective time (0 = free communication)")
+    p.add_argument("--recv-ahead", type=int, default=0, metavar="N",
+                   help="post every RECV N compute ops before its consumer (a runtime pre-posting irecv; default 0)")
     p.set_defaults(func=run)
 
 
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         opts = SimOptions(p2p=args.p2p, pair_oef=args.pair_oef, comm_scale=args.comm_scale,
-                          record=bool(args.trace or args.gantt))
+                          recv_ahead=args.recv_ahead, record=bool(args.trace or args.gantt))
     except InvalidInputError as err:
         raise InvalidInputError(err.message, field="--" + (err.field or "").replace("_", "-")) from None
     program = Program.load(args.program)
