@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hexhelix.ir.errors import HexhelixError, InvalidInputError, UnsupportedError
 from hexhelix.ir.program import Program
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from .data import DATASETS
 from .refcheck import Tolerance, compare_with_reference
 from .torch_exec import Executor, RunOptions, check_rank_program
@@ -72,6 +72,21 @@ def _load(args: argparse.Namespace, world: int) -> Program:
     return program
 
 
+def _placement_warning(program: Program, rank: int, env: Mapping[str, str]) -> str | None:
+    """A line when torchrun's per-machine layout differs from the program's nodes (one machine
+    per cluster node, its ranks contiguous; docs/runtime.md "Running on a cluster")."""
+    if "LOCAL_WORLD_SIZE" not in env or "LOCAL_RANK" not in env:
+        return None
+    node = program.ranks[rank].node
+    same = [r for r in range(program.world_size) if program.ranks[r].node == node]
+    lws, lr = int(env["LOCAL_WORLD_SIZE"]), int(env["LOCAL_RANK"])
+    if lws == len(same) and lr == rank - same[0]:
+        return None
+    return (f"rank {rank} runs as local rank {lr} of {lws} on this machine, but the program puts it at "
+            f"position {rank - same[0]} of the {len(same)} ranks of node {node!r}: GPU types and TP groups "
+            "may not be where the plan put them (fine for a test on one machine)")
+
+
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Run one rank; returns the process exit status."""
     env = os.environ if env is None else env
@@ -81,19 +96,29 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     try:
         program = _load(args, world)
         check_rank_program(program, rank)
-        fault = tuple(int(x) for x in args.fault.split(":")) if args.fault else None
+        if args.resume and not checkpoint_path(args.resume, rank).is_file():
+            raise InvalidInputError("checkpoint file not found", source=str(checkpoint_path(args.resume, rank)))
+        fault = None
+        if args.fault:
+            fr, fs, fp = (int(x) for x in args.fault.split(":"))
+            fault = (fr, fs, fp)
         opts = RunOptions(seed=args.seed, dataset=args.data, optim=OptimConfig(lr=args.lr),
                           co_execute=not args.sequential, fault=fault,
-                          capture_grads=args.check_reference)  # type: ignore[arg-type]
+                          capture_grads=args.check_reference)
     except (InvalidInputError, UnsupportedError) as err:
         print(f"hexhelix.runtime: error: {err}", file=sys.stderr)
         return 2
+    placement = _placement_warning(program, rank, env)
+    if placement and env.get("LOCAL_RANK") == "0":
+        logger.warning("%s", placement)
     if program.training.dtype != "fp32":
         logger.warning("the program asks for %s; the torch runtime computes in fp32", program.training.dtype)
     backend, device = pick_backend()
     if device.type == "cuda":
         device = torch.device("cuda", int(env.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: the reference check needs it
+        torch.backends.cudnn.allow_tf32 = False
     # gloo/NCCL give up a little after the watchdog, so a hang is reported with every rank's
     # position first; they remain the backstop for setup and for the final collectives
     timeout = timedelta(seconds=args.timeout + max(5.0, 0.5 * args.timeout))
@@ -116,9 +141,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             local.append(ex.run_step(step))
         ex.close()
         watchdog.enter(start + args.steps, len(ex.instrs), "<gather losses>")
-        losses = torch.tensor(local, dtype=torch.float64)
-        dist.all_reduce(losses)  # head TP-rank-0 ranks hold their micro-batch sums; others 0
-        losses = (losses / program.training.num_micro_batches).tolist()
+        losses_t = torch.tensor(local, dtype=torch.float64, device=device)
+        dist.all_reduce(losses_t)  # head TP-rank-0 ranks hold their micro-batch sums; others 0
+        losses = (losses_t / program.training.num_micro_batches).tolist()
         if args.save:
             save_checkpoint(args.save, rank=rank, program=program, steps_done=start + args.steps,
                             seed=args.seed, params=ex.params, optimizer=ex.optimizer)

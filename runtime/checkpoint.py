@@ -17,7 +17,7 @@ import torch
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.program import Program
 
-__all__ = ["CHECKPOINT_SCHEMA", "load_checkpoint", "program_fingerprint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_SCHEMA", "checkpoint_path", "load_checkpoint", "program_fingerprint", "save_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +33,15 @@ def program_fingerprint(program: Program) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _path(directory: str | Path, rank: int) -> Path:
+def checkpoint_path(directory: str | Path, rank: int) -> Path:
+    """``DIR/rank<r>.pt``."""
     return Path(directory) / f"rank{rank}.pt"
 
 
 def save_checkpoint(directory: str | Path, *, rank: int, program: Program, steps_done: int, seed: int,
                     params: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> Path:
     """Write this rank's state (atomically: a temporary file renamed into place)."""
-    path = _path(directory, rank)
+    path = checkpoint_path(directory, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"schema": CHECKPOINT_SCHEMA, "fingerprint": program_fingerprint(program), "rank": rank,
              "world_size": program.world_size, "steps_done": steps_done, "seed": seed,
@@ -60,7 +61,7 @@ def load_checkpoint(directory: str | Path, *, rank: int, program: Program, seed:
     Raises InvalidInputError (naming the file) when it is missing, unreadable, or was written by
     another program, rank or seed.
     """
-    path = _path(directory, rank)
+    path = checkpoint_path(directory, rank)
     try:
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -124,6 +124,8 @@ class Executor:
         prog = self.program = ctx.program
         self.rank = ctx.rank
         self.instrs = prog.programs[ctx.rank]
+        self.tokens = [str(i) for i in self.instrs]  # for the watchdog, formatted once
+        self._debug = logger.isEnabledFor(logging.DEBUG)  # per-instruction trace (HEXHELIX_DEBUG=1)
         tr = prog.training
         self.data = DataSource(seed=opts.seed, micro_batch=tr.micro_batch, seq_len=tr.seq_len,
                                vocab=prog.model.vocab, dataset=opts.dataset)
@@ -192,12 +194,14 @@ class Executor:
         self.step = step
         for pc, ins in enumerate(self.instrs):
             if self.watchdog is not None:
-                self.watchdog.enter(step, pc, str(ins))
+                self.watchdog.enter(step, pc, self.tokens[pc])
             if self.opts.fault is not None and self.opts.fault == (self.rank, step, pc):
                 import os
 
                 logger.error("rank %d: injected fault at step %d pc %d (%s)", self.rank, step, pc, ins)
                 os._exit(13)
+            if self._debug:
+                logger.debug("rank %d step %d pc %d %s", self.rank, step, pc, self.tokens[pc])
             try:
                 self.dispatch[ins.op](ins)
             except HexhelixError:
@@ -210,9 +214,9 @@ class Executor:
                     + format_window(self.program, where, fallback=pc)) from err
         for work, _ in self.st.sends:
             work.wait()
-        leftover = [k for k, v in self.st.stash.items() if v is not None]
-        if leftover:
-            logger.warning("rank %d: step %d ended with unconsumed activations %s", self.rank, step, leftover)
+        if self.st.stash or self.st.deferred_w:
+            logger.warning("rank %d: step %d ended with activations no backward consumed: %s", self.rank, step,
+                           sorted(self.st.stash) + sorted(self.st.deferred_w))
         return float(sum(x.item() for x in self.st.losses))
 
     def close(self) -> None:
@@ -265,23 +269,24 @@ class Executor:
             if self.st.uses[(Kind.ACT, ins.key)]:
                 self.st.out[(Kind.ACT, ins.key)] = out.detach()
 
-    def _output_grad(self, ins: Instr) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _output_grad(self, ins: Instr) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(stage output or scaled loss, its gradient — None on the head —, the stage input leaf)."""
         out, x = self.st.stash.pop(ins.key)
         g = None if self.program.stage(ins.stage).head else self._take(Kind.GRAD, ins.key)
-        return out, g, x  # type: ignore[return-value]
+        return out, g, x
 
     def _publish_input_grad(self, ins: Instr, gx: torch.Tensor | None) -> None:
         if gx is not None and self.st.uses[(Kind.GRAD, ins.key)]:
             self.st.out[(Kind.GRAD, ins.key)] = gx
 
     def _backward(self, ins: Instr) -> None:
-        out, g, x = self._output_grad(ins)  # type: ignore[misc]
+        out, g, x = self._output_grad(ins)
         torch.autograd.backward(out, g)
         self._publish_input_grad(ins, None if x is None else x.grad)
 
     def _backward_input(self, ins: Instr) -> None:
         """BI: input gradient only; the graph is kept for BW (zero-bubble style split)."""
-        out, g, x = self._output_grad(ins)  # type: ignore[misc]
+        out, g, x = self._output_grad(ins)
         if x is not None:
             (gx,) = torch.autograd.grad(out, x, g, retain_graph=True)
             self._publish_input_grad(ins, gx)
@@ -346,13 +351,18 @@ class Executor:
     def _sync(self, ins: Instr) -> None:
         """Strand barrier: a no-op here — the list runs in order and PAIR joins its halves."""
 
+    def _on_worker(self, ins: Instr) -> None:
+        if self.ctx.device.type == "cuda":  # the current device is per thread
+            torch.cuda.set_device(self.ctx.device)
+        self.dispatch[ins.op](ins)
+
     def _pair(self, ins: Instr) -> None:
         a, b = ins.pair  # type: ignore[misc]
         if not self.opts.co_execute:
             self.dispatch[a.op](a)
             self.dispatch[b.op](b)
             return
-        fut = self._pool.submit(self.dispatch[a.op], a)
+        fut = self._pool.submit(self._on_worker, a)
         try:
             self.dispatch[b.op](b)
         finally:

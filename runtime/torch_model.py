@@ -35,6 +35,7 @@ from .torch_tp import (
     gather_from_sp,
     reduce_from_tp,
     scatter_to_sp,
+    sum_grad_over_tp,
     vocab_parallel_cross_entropy,
     vocab_parallel_embedding,
 )
@@ -83,28 +84,10 @@ class _Weight(nn.Module):
         self.weight = nn.Parameter(value)
 
 
-class _AllReduceGradTP(torch.autograd.Function):
-    """Identity on a replicated weight; its gradient is summed over the TP group. Needed under
-    sequence parallelism, where each rank's RMSNorm sees only its own sequence shard."""
-
-    @staticmethod
-    def forward(ctx, w, comm):  # type: ignore[no-untyped-def]
-        ctx.comm = comm
-        return w.view_as(w)
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[no-untyped-def]
-        import torch.distributed as dist
-
-        g = g.clone()
-        dist.all_reduce(g, group=ctx.comm.group)
-        return g, None
-
-
 def rms_norm(x: torch.Tensor, w: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · w."""
-    if comm.sp:
-        w = _AllReduceGradTP.apply(w, comm)
+    if comm.sp:  # each rank normalises only its sequence shard: sum the weight's grad over TP
+        w = sum_grad_over_tp(w, comm)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * w
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "gather_from_sp",
     "reduce_from_tp",
     "scatter_to_sp",
+    "sum_grad_over_tp",
     "vocab_parallel_cross_entropy",
     "vocab_parallel_embedding",
 ]
@@ -120,6 +121,26 @@ class _GatherFromSP(torch.autograd.Function):
         comm = ctx.comm
         n = g.shape[1] // comm.size
         return g.narrow(1, comm.rank * n, n).contiguous(), None
+
+
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity on a replicated weight whose gradient is summed over the TP group (Megatron's
+    all-reduce of layer-norm grads under sequence parallelism, done inside the backward so TP peers
+    hold identical replicated grads before GRAD_SYNC)."""
+
+    @staticmethod
+    def forward(ctx: Any, w: torch.Tensor, comm: TPComm) -> torch.Tensor:
+        ctx.comm = comm
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce(g.clone(), ctx.comm), None
+
+
+def sum_grad_over_tp(w: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    """``w`` unchanged; its gradient becomes the sum over the TP group (no-op on one rank)."""
+    return w if comm.size == 1 else _SumGradOverTP.apply(w, comm)
 
 
 def copy_to_tp(x: torch.Tensor, comm: TPComm) -> torch.Tensor:

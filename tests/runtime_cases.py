@@ -7,6 +7,8 @@ pipeline)``; the global batch is the sum of the micro-batches (micro-batch size 
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from hexhelix.ir.cluster import Cluster
@@ -66,31 +68,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(nprocs: int, args: list[str], *, timeout: float = 90.0) -> list[tuple[int, str, str]]:
-    """Start ``nprocs`` ranks of ``python -m hexhelix.runtime ARGS`` with torchrun's environment
-    contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on a free port; returns per rank
-    (exit status, stdout, stderr). Ranks still running after ``timeout`` seconds are killed and
-    report status None."""
+def launch(nprocs: int, args: list[str], *, timeout: float = 90.0) -> list[tuple[int | None, str, str]]:
+    """Run ``nprocs`` ranks of ``python -m hexhelix.runtime ARGS`` under torchrun's environment
+    contract (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; a free port) and return per rank
+    (exit status, stdout, stderr). Status None: the rank was still running after ``timeout`` s.
+
+    One launcher process imports torch once and forks the ranks (before any torch computation or
+    thread exists in it), which saves a torch import per rank — seconds each on a busy machine.
+    """
     import os
+    import signal
     import subprocess
     import sys
-    import time
+    import tempfile
 
     port = free_port()
-    procs = []
-    for r in range(nprocs):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        procs.append(subprocess.Popen([sys.executable, "-m", "hexhelix.runtime", *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout
-    out = []
-    for p in procs:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, __file__, "--fork-ranks", str(nprocs), str(port), tmp, *args]
+        env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
         try:
-            o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            out.append((p.returncode, o, e))
+            codes = json.loads(proc.communicate(timeout=timeout)[0] or "null")
         except subprocess.TimeoutExpired:
-            p.kill()
-            o, e = p.communicate()
-            out.append((None, o, e))  # type: ignore[arg-type]
-    return out
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            codes = None
+        out = []
+        for r in range(nprocs):
+            o = Path(tmp, f"{r}.out").read_text() if Path(tmp, f"{r}.out").exists() else ""
+            e = Path(tmp, f"{r}.err").read_text() if Path(tmp, f"{r}.err").exists() else ""
+            out.append((codes[r] if codes else None, o, e))
+        return out
+
+
+def _fork_ranks(nprocs: int, port: int, tmp: str, args: list[str]) -> None:
+    import os
+
+    from hexhelix.runtime.__main__ import main  # imports torch once, before forking
+
+    pids = {}
+    for r in range(nprocs):
+        pid = os.fork()
+        if pid == 0:
+            for fd, name in ((1, f"{r}.out"), (2, f"{r}.err")):
+                f = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(f, fd)
+            os.environ.update(RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r),
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            code = 1
+            try:
+                code = main(args)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = r
+    codes = [None] * nprocs
+    for _ in range(nprocs):
+        pid, status = os.wait()
+        codes[pids[pid]] = os.waitstatus_to_exitcode(status)
+    print(json.dumps(codes))
+
+
+if __name__ == "__main__" and len(sys.argv) > 4 and sys.argv[1] == "--fork-ranks":
+    _fork_ranks(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:])

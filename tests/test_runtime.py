@@ -157,3 +157,11 @@ def test_incomplete_slice_plan_is_rejected(tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(d))
     assert main([str(path)], env={"RANK": "0", "WORLD_SIZE": "1"}) == 2
     assert "slice plan covers 0 of the 16384 local elements of embed.weight" in capsys.readouterr().err
+
+
+def test_resume_from_missing_checkpoint_fails_at_start(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(build_program("single").to_json())
+    assert main([str(path), "--resume", str(tmp_path / "nothing")], env={"RANK": "0", "WORLD_SIZE": "1"}) == 2
+    err = capsys.readouterr().err.strip()
+    assert "rank0.pt: checkpoint file not found" in err and len(err.splitlines()) == 1
