@@ -81,6 +81,8 @@ def check_rank_program(program: Program, rank: int) -> None:
     runtime cannot run fails at start with one line on every rank (docs/program.md §4, §6).
 
     * COLL has no tensor semantics yet and is rejected; PAIR halves must be compute ops;
+    * per-layer compute parts (``layer >= 0``, emitted by ``compile --pair``) are rejected: this
+      runtime executes whole virtual stages (docs/program.md §9);
     * every element of every parameter the rank holds is in exactly one slice entry of the
       buckets it syncs, so each gradient element gets its batch-share weight exactly once.
     """
@@ -89,6 +91,11 @@ def check_rank_program(program: Program, rank: int) -> None:
             raise UnsupportedError(
                 f"rank {rank} pc {pc}: COLL ({ins}) has no tensor semantics in docs/program.md and the "
                 "compiler does not emit it; the torch runtime does not run it")
+        for part in (ins, *(ins.pair or ())):
+            if part.layer >= 0:
+                raise UnsupportedError(
+                    f"rank {rank} pc {pc}: per-layer part {part} (from `compile --pair`) is not implemented "
+                    "by the torch runtime; compile without --pair to run this plan on torch")
         for half in ins.pair or ():
             if half.op not in (Op.F, Op.B, Op.BI, Op.BW):
                 raise InvalidInputError(f"rank {rank} pc {pc}: PAIR half {half} is not a compute op",

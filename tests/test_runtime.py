@@ -159,6 +159,29 @@ def test_incomplete_slice_plan_is_rejected(tmp_path: Path, capsys) -> None:
     assert "slice plan covers 0 of the 16384 local elements of embed.weight" in capsys.readouterr().err
 
 
+def test_per_layer_pair_programs_are_rejected_at_start(tmp_path: Path, capsys) -> None:
+    from hexhelix.solver.compile import compile_plan
+
+    plain = build_program("wshape-2")
+    # Recompile the same plan with a pairing: co-executed ticks become per-layer parts.
+    d = plain.to_dict()
+    assert all(i.layer < 0 for prog in plain.programs for i in prog)
+    from runtime_cases import CASES, PRESETS, PipelinePlan, Plan, PlanProblem, StagePlan, cluster
+
+    stages, mbs, schedule = CASES["wshape-2"]
+    problem = PlanProblem(cluster=cluster(), model=PRESETS["tiny"], training=plain.training, schedule=schedule)
+    pipes = tuple(PipelinePlan(stages=tuple(StagePlan(node=0, gpus=g, layers=lay) for g, lay in pipe),
+                               micro_batches=m) for pipe, m in zip(stages, mbs))
+    paired = compile_plan(Plan(problem=problem, pipelines=pipes), pairing={1: 0.2})
+    assert any(i.layer >= 0 or any(h.layer >= 0 for h in i.pair or ()) for i in paired.programs[0])
+    path = tmp_path / "p.json"
+    path.write_text(paired.to_json())
+    assert main([str(path)], env={"RANK": "0", "WORLD_SIZE": str(d["world_size"]), "MASTER_ADDR": "127.0.0.1",
+                                  "MASTER_PORT": "1"}) == 2
+    err = capsys.readouterr().err.strip()
+    assert "per-layer part" in err and len(err.splitlines()) == 1
+
+
 def test_resume_from_missing_checkpoint_fails_at_start(tmp_path: Path, capsys) -> None:
     path = tmp_path / "p.json"
     path.write_text(build_program("single").to_json())
