@@ -1,9 +1,11 @@
 """Multi-rank dry run: replay every rank's program together and find deadlocks.
 
 Semantics (docs/program.md §5): SEND is non-blocking (the message becomes available when the
-sender has issued it), RECV blocks until the matching message on its (src, dst, channel) FIFO has
-been sent, a collective (GRAD_SYNC, COLL) blocks until every member of its group stands at it,
-everything else proceeds. Ranks execute their lists in order (the sequential reading of strands;
+sender has issued it); RECV is non-blocking too — it posts the receive and takes the next message
+of its (src, dst, channel) FIFO — and the compute op that consumes it (the first later F/B/BI or
+PAIR half of the RECV's (stage, micro-batch, strand), docs/program.md §4) blocks until that
+message has been sent; a RECV that no later op consumes blocks where it stands. A collective
+(GRAD_SYNC, COLL) blocks until every member of its group stands at it; everything else proceeds. Ranks execute their lists in order (the sequential reading of strands;
 SYNC is a no-op, PAIR runs both halves).
 
 When no rank can move and some have not finished, the dry run builds the wait-for graph (rank →
@@ -21,9 +23,9 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from .errors import ScheduleError
-from .program import Instr, Op, Program
+from .program import Instr, Kind, Op, Program
 
-__all__ = ["DryRunReport", "check_deadlock", "dry_run"]
+__all__ = ["DryRunReport", "check_deadlock", "consumers", "dry_run"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +58,30 @@ def _window(p: Program, pcs: list[int], ranks: list[int], radius: int = 3) -> st
     return "\n".join(lines)
 
 
+def consumers(program: Program) -> list[dict[int, list[int]]]:
+    """Per rank: position of a compute op (or PAIR) -> positions of the RECVs it waits for.
+
+    A RECV of kind ``act`` feeds the first later F of its (stage, mb, strand), one of kind
+    ``grad`` the first later B or BI (inside a PAIR: the PAIR's position). A RECV with no such op
+    after it maps to itself (it then blocks where it stands)."""
+    out: list[dict[int, list[int]]] = []
+    for prog in program.programs:
+        waits: dict[int, list[int]] = defaultdict(list)
+        pending: dict[tuple, list[int]] = defaultdict(list)
+        for i, ins in enumerate(prog):
+            if ins.op is Op.RECV:
+                pending[(ins.kind is Kind.ACT, ins.stage, ins.mb, ins.strand)].append(i)
+                continue
+            for half in ins.pair or (ins,):
+                if half.op in (Op.F, Op.B, Op.BI):
+                    waits[i] += pending.pop((half.op is Op.F, half.stage, half.mb, half.strand), [])
+        for left in pending.values():
+            for i in left:
+                waits[i].append(i)
+        out.append({i: js for i, js in waits.items() if js})
+    return out
+
+
 def dry_run(program: Program) -> DryRunReport:
     """Execute all ranks' programs together (see module doc); never raises on a deadlock, reports it."""
     p = program
@@ -63,7 +89,9 @@ def dry_run(program: Program) -> DryRunReport:
     pcs = [0] * W
     clock = [0.0] * W
     sent: dict[tuple[int, int, int], list[float]] = defaultdict(list)  # (src,dst,ch) -> availability times
-    taken: dict[tuple[int, int, int], int] = defaultdict(int)
+    posted: dict[tuple[int, int, int], int] = defaultdict(int)  # RECVs posted per FIFO
+    seq: list[dict[int, int]] = [{} for _ in range(W)]  # [r]: RECV position -> its index in its FIFO
+    waits = consumers(p)
     groups = {g.name: g.ranks for g in p.groups}
     executed = 0
     progress = True
@@ -72,14 +100,20 @@ def dry_run(program: Program) -> DryRunReport:
         for r in range(W):
             prog = p.programs[r]
             while pcs[r] < len(prog):
-                ins = prog[pcs[r]]
+                i = pcs[r]
+                ins = prog[i]
                 g = _collective_group(p, ins)
-                if ins.op is Op.RECV:
-                    key = (ins.peer, r, ins.ch)
-                    if taken[key] >= len(sent[key]):
+                if ins.op is Op.RECV and i not in seq[r]:  # post it: it takes the next message
+                    key = _fifo(ins, r)
+                    seq[r][i] = posted[key]
+                    posted[key] += 1
+                if i in waits[r]:  # the data this op consumes must have been sent
+                    need = [(_fifo(prog[j], r), seq[r][j]) for j in waits[r][i]]
+                    if any(k >= len(sent[key]) for key, k in need):
                         break
-                    clock[r] = max(clock[r], sent[key][taken[key]])
-                    taken[key] += 1
+                    clock[r] = max([clock[r], *(sent[key][k] for key, k in need)])
+                if ins.op is Op.RECV:
+                    pass
                 elif g is not None:
                     members = groups.get(g, ())
                     tok = str(ins.stripped())
@@ -102,12 +136,17 @@ def dry_run(program: Program) -> DryRunReport:
                 executed += 1
                 progress = True
     finished = all(pcs[r] == len(p.programs[r]) for r in range(W))
-    error = None if finished else _deadlock(p, pcs, sent, taken, groups)
+    error = None if finished else _deadlock(p, pcs, sent, seq, waits, groups)
     return DryRunReport(finished=finished, makespan_s=max(clock, default=0.0), rank_end_s=tuple(clock),
                         executed=executed, error=error)
 
 
-def _deadlock(p: Program, pcs: list[int], sent: dict, taken: dict, groups: dict) -> ScheduleError:
+def _fifo(recv: Instr, rank: int) -> tuple[int, int, int]:
+    return (recv.peer, rank, recv.ch)
+
+
+def _deadlock(p: Program, pcs: list[int], sent: dict, seq: list[dict[int, int]], waits: list[dict[int, list[int]]],
+              groups: dict) -> ScheduleError:
     W = p.world_size
     wait = nx.DiGraph()
     why: dict[int, str] = {}
@@ -116,16 +155,20 @@ def _deadlock(p: Program, pcs: list[int], sent: dict, taken: dict, groups: dict)
             continue
         ins = p.programs[r][pcs[r]]
         g = _collective_group(p, ins)
-        if ins.op is Op.RECV:
-            wait.add_edge(r, ins.peer)
-            key = (ins.peer, r, ins.ch)
-            sends = [k for k, x in enumerate(p.programs[ins.peer])
-                     if x.op is Op.SEND and x.peer == r and x.ch == ins.ch]
-            k = taken[key]
-            where = (f"rank {ins.peer} issues that send only at position {sends[k]} ({p.programs[ins.peer][sends[k]]})"
-                     if k < len(sends) else f"rank {ins.peer} never issues that send")
-            why[r] = (f"rank {r} at position {pcs[r]} ({ins}) waits for the {ins.kind.value if ins.kind else ''} "
-                      f"of micro-batch {ins.mb} from rank {ins.peer} on channel {ins.ch}, and {where}")
+        missing = [j for j in waits[r].get(pcs[r], []) if seq[r][j] >= len(sent[_fifo(p.programs[r][j], r)])]
+        if missing:
+            j = missing[0]
+            recv = p.programs[r][j]
+            wait.add_edge(r, recv.peer)
+            sends = [k for k, x in enumerate(p.programs[recv.peer])
+                     if x.op is Op.SEND and x.peer == r and x.ch == recv.ch]
+            k = seq[r][j]
+            where = (f"rank {recv.peer} issues that send only at position {sends[k]} "
+                     f"({p.programs[recv.peer][sends[k]]})" if k < len(sends)
+                     else f"rank {recv.peer} never issues that send")
+            posted = "" if j == pcs[r] else f" (its {recv} was posted at position {j})"
+            why[r] = (f"rank {r} at position {pcs[r]} ({ins}) waits for the {recv.kind.value if recv.kind else ''} "
+                      f"of micro-batch {recv.mb} from rank {recv.peer} on channel {recv.ch}{posted}, and {where}")
         elif g is not None:
             absent = [m for m in groups.get(g, ()) if m != r and not (
                 pcs[m] < len(p.programs[m]) and str(p.programs[m][pcs[m]].stripped()) == str(ins.stripped()))]

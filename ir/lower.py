@@ -14,6 +14,8 @@ Passes, in order:
    the producer, for every cross-rank virtual-stage edge, TP degrees possibly different.
 3. :func:`pair_strands` — W-shape: optional per-layer PAIR expansion (:func:`layer_pairs`), then
    strand barriers (``SYNC`` after every tick).
+3b. :func:`prepost_recvs` — every RECV posted ``recv_ahead`` compute ops before its consumer, so a
+   rendezvous transfer can start while the receiver still computes (docs/program.md §4).
 4. :func:`add_grad_sync` — slice plan + DP groups + ``GRAD_SYNC`` per bucket.
 5. :func:`add_opt` — the optimizer step, last.
 6. :func:`annotate` — per-op ``dur``/``bytes`` from an :class:`Estimator` (the cost model lives in
@@ -27,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .errors import UnsupportedError
+from .errors import InvalidInputError, UnsupportedError
 from .model import ModelConfig, TrainingConfig
 from .params import param_layout
 from .program import GroupInfo, Instr, Kind, Op, PipeInfo, Program, RankInfo, SliceEntry, StageInfo
@@ -48,6 +50,7 @@ __all__ = [
     "lower",
     "order_grad_sync",
     "pair_strands",
+    "prepost_recvs",
 ]
 
 
@@ -309,6 +312,63 @@ def pair_strands(program: Program, per_layer: bool = False) -> Program:
     return replace(program, programs=tuple(out))
 
 
+# ----------------------------------------------------------------------------- 3b. pre-posted receives
+_COMPUTE = (Op.F, Op.B, Op.BI, Op.BW, Op.PAIR)
+
+
+def prepost_recvs(program: Program, ahead: int = 1) -> Program:
+    """Post every RECV ``ahead`` compute ops before its consumer (pass 3b, docs/program.md §4).
+
+    :func:`add_send_recv` puts each RECV right before the compute op that consumes it. A RECV is a
+    non-blocking post (``irecv``); its consumer waits for the data. Under rendezvous point-to-point
+    (gloo and NCCL for large messages, the simulator's default) a transfer starts only once both
+    ends are posted, so a RECV posted at its consumer makes the receiver wait out the whole
+    transfer: the 1F1B period of an interior stage becomes f + b + 4c where the cost model
+    (``solver.evaluate``) charges f + b + 2c. Posted one compute op earlier, the transfer runs
+    under that op.
+
+    Parameters
+    ----------
+    program
+        any program; only the positions of its RECVs change.
+    ahead
+        how many compute ops (F/B/BI/BW/PAIR, a per-layer PAIR part counting as one) before its
+        consumer each RECV is posted: the RECV moves right in front of the ``ahead``-th compute op
+        before it on its rank (to the start of the list when there are fewer). 0 returns
+        ``program`` unchanged (RECV right before its consumer).
+
+    Returns
+    -------
+    Program
+        the same instructions on every rank; RECVs keep their relative order (so per-channel FIFO
+        matching is unchanged) and still precede their consumers; every other instruction keeps
+        its relative order. Apply it once (a second application moves RECVs further).
+
+    Raises
+    ------
+    InvalidInputError
+        ``ahead`` is not a non-negative integer.
+    """
+    if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+        raise InvalidInputError(f"must be a non-negative integer, got {ahead!r}", field="recv_ahead")
+    if ahead == 0:
+        return program
+    progs = []
+    for prog in program.programs:
+        seen: list[int] = []  # positions of the compute ops met so far
+        keys: list[tuple[float, int]] = []
+        for k, ins in enumerate(prog):
+            if ins.op is Op.RECV:  # just in front of the ahead-th compute op before it
+                keys.append((seen[-ahead] - 0.5 if len(seen) >= ahead else -0.5, k))
+            else:
+                keys.append((float(k), k))
+            if ins.op in _COMPUTE:
+                seen.append(k)
+        order = sorted(range(len(prog)), key=keys.__getitem__)
+        progs.append(tuple(prog[k] for k in order))
+    return replace(program, programs=tuple(progs))
+
+
 # ----------------------------------------------------------------------------- 4. gradient sync
 def _unit_holders(program: Program, unit: str) -> list[StageInfo]:
     """Per pipeline, the virtual stage holding parameter unit ``unit``."""
@@ -478,14 +538,16 @@ def order_grad_sync(program: Program) -> Program:
 # ----------------------------------------------------------------------------- driver
 def lower(*, schedule: str, model: ModelConfig, training: TrainingConfig, pipes: Sequence[PipeLayout],
           ranks: Sequence[RankInfo], estimator: Estimator | None = None, per_layer_pairs: bool = False,
-          meta: Mapping[str, Any] | None = None) -> Program:
-    """The pass order, written once: skeleton → send/recv → strands → grad sync → opt → estimates →
-    bucket order.
+          meta: Mapping[str, Any] | None = None, recv_ahead: int = 1) -> Program:
+    """The pass order, written once: skeleton → send/recv → strands → pre-posted receives → grad
+    sync → opt → estimates → bucket order.
 
-    ``per_layer_pairs`` expands W-shape PAIRs per layer pair (used when a pairing plan is given)."""
+    ``per_layer_pairs`` expands W-shape PAIRs per layer pair (used when a pairing plan is given);
+    ``recv_ahead`` is :func:`prepost_recvs`'s ``ahead`` (0: each RECV right before its consumer)."""
     prog = build_skeleton(schedule=schedule, model=model, training=training, pipes=pipes, ranks=ranks, meta=meta)
     prog = add_send_recv(prog)
     prog = pair_strands(prog, per_layer_pairs)
+    prog = prepost_recvs(prog, recv_ahead)
     prog = add_grad_sync(prog)
     prog = add_opt(prog)
     prog = annotate(prog, estimator or NullEstimator())

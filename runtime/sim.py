@@ -15,9 +15,11 @@ Execution model (instruction semantics: docs/program.md)
   default) a transfer starts only once both ends are posted; under *eager* it starts when the
   send is posted and the receiver finds the data when it gets there. A transfer occupies the
   link-class stream of both ends for max(SEND.dur, RECV.dur).
-  The compiler emits each RECV right before its consumer, so under rendezvous the receiver waits
-  for every transfer; ``SimOptions(recv_ahead=n)`` models a runtime that posts its ``irecv`` n
-  compute ops earlier.
+  The compiler posts each RECV one compute op before its consumer by default
+  (:func:`hexhelix.ir.lower.prepost_recvs`), so under rendezvous the transfer runs while the
+  receiver computes; a program compiled with ``recv_ahead=0`` (RECV right before its consumer)
+  makes the receiver wait out every transfer. ``SimOptions(recv_ahead=n)`` applies the same pass
+  once more, posting every RECV n further compute ops earlier than the program does.
 * **Collectives** (COLL on a header group, GRAD_SYNC over its bucket's group) start when every
   member has arrived and their link streams are free; they last the longest member's ``dur``.
 * **SYNC** releases when both strands arrive. **PAIR** waits for both strands, then runs its two
@@ -79,8 +81,9 @@ class SimOptions:
     ``p2p``: "rendezvous" (a transfer starts once both ends are posted) or "eager" (when the
     send is posted). ``pair_oef``: override every PAIR's time with T_a + T_b − OEF·min(T_a, T_b).
     ``comm_scale``: multiply every transfer and collective duration (0 = free communication).
-    ``recv_ahead``: post every RECV ``recv_ahead`` compute ops before its consumer instead of right
-    before it (a runtime pre-posting ``irecv``; see :func:`~.sim_prep.prepost_receives`).
+    ``recv_ahead``: post every RECV ``recv_ahead`` further compute ops earlier than the program
+    places it (a runtime pre-posting ``irecv`` more aggressively; the compiler's own pass,
+    :func:`hexhelix.ir.lower.prepost_recvs`, applied once more).
     ``record``: keep the timeline for traces and Gantt charts. ``reserve_bytes``: per-GPU runtime
     reserve (CUDA context, NCCL buffers) added to every rank's peak, as the cost model does;
     default ``program.meta["runtime_reserve_bytes"]`` or ``DEFAULT_PROFILE.runtime_reserve_bytes``.

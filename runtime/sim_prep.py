@@ -10,13 +10,18 @@ Semantics follow docs/program.md.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hexhelix.ir.errors import InvalidInputError, ScheduleError
+from hexhelix.ir.lower import prepost_recvs
 from hexhelix.ir.profile import DEFAULT_PROFILE
 from hexhelix.ir.program import Instr, Kind, Op, Program
 
-__all__ = ["CODE", "Prepared", "prepare", "prepost_receives"]
+__all__ = ["CODE", "Prepared", "prepare", "prepost_receives", "prepost_recvs"]
+
+#: The compiler's pass (:func:`hexhelix.ir.lower.prepost_recvs`) under the simulator's older name:
+#: ``SimOptions(recv_ahead=n)`` applies it again on top of what the program already does.
+prepost_receives = prepost_recvs
 
 # integer op codes (the event loop compares ints, not enums)
 LOAD, F, B, BI, BW, SEND, RECV, COLL, GS, OPT, SYNC, PAIR = range(12)
@@ -266,28 +271,3 @@ def check_options(p2p: str, pair_oef: float | None, comm_scale: float, recv_ahea
         raise InvalidInputError(f"must be in [-1, 1] (DHelix OEF), got {pair_oef}", field="pair_oef")
     if not comm_scale >= 0:
         raise InvalidInputError(f"must be >= 0, got {comm_scale}", field="comm_scale")
-
-
-def prepost_receives(program: Program, ahead: int) -> Program:
-    """The same program with every RECV moved in front of the ``ahead``-th compute op (F/B/BI/BW/
-    PAIR) before it on its rank — what a runtime that posts each ``irecv`` early does (allowed by
-    docs/program.md §4). Posting is non-blocking, so this changes when transfers may start under
-    rendezvous, never what is computed; per-channel order is kept (RECVs keep their relative order).
-    """
-    if ahead <= 0:
-        return program
-    compute = (Op.F, Op.B, Op.BI, Op.BW, Op.PAIR)
-    progs = []
-    for prog in program.programs:
-        seen: list[int] = []
-        keys: list[tuple[float, int]] = []
-        for k, ins in enumerate(prog):
-            if ins.op is Op.RECV:
-                keys.append((seen[-ahead] - 0.5 if len(seen) >= ahead else -0.5, k))
-            else:
-                keys.append((float(k), k))
-            if ins.op in compute:
-                seen.append(k)
-        order = sorted(range(len(prog)), key=keys.__getitem__)
-        progs.append(tuple(prog[k] for k in order))
-    return replace(program, programs=tuple(progs))

@@ -165,7 +165,7 @@ def _rank_infos(plan: Plan, devices: tuple[int, ...], schedule: str) -> list[Ran
 
 
 def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEFAULT_PROFILE,
-                 pairing: Any = None, *, estimates: bool = True) -> Program:
+                 pairing: Any = None, *, estimates: bool = True, recv_ahead: int = 1) -> Program:
     """Compile ``plan`` into per-rank programs (docs/program.md).
 
     Parameters
@@ -184,11 +184,17 @@ def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEF
     estimates
         False: structure only (every ``dur``/``bytes`` 0; bucket order then follows bucket
         numbering) — for golden files that must not move with the cost model.
+    recv_ahead
+        post every RECV this many compute ops before its consumer
+        (:func:`hexhelix.ir.lower.prepost_recvs`, docs/program.md §4); 0 places each RECV right
+        before its consumer, where rendezvous transfers make the receiver wait them out.
 
     Raises
     ------
     UnsupportedError
         e.g. wshape with a stage of fewer than two layers.
+    InvalidInputError
+        an unknown schedule, or ``recv_ahead`` not a non-negative integer.
     """
     schedule = schedule or plan.problem.schedule
     if schedule not in SCHEDULE_NAMES:
@@ -209,4 +215,4 @@ def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEF
     est = CostEstimator(plan, devices, profile, savings) if estimates else NullEstimator()
     return lower(schedule=schedule, model=plan.problem.model, training=plan.problem.training, pipes=layouts,
                  ranks=_rank_infos(plan, devices, schedule), estimator=est,
-                 per_layer_pairs=pairing is not None and schedule == "wshape", meta=meta)
+                 per_layer_pairs=pairing is not None and schedule == "wshape", meta=meta, recv_ahead=recv_ahead)

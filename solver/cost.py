@@ -242,13 +242,60 @@ def pipeline_time(stage_times: list[float], micro_batches: int) -> float:
     return (micro_batches - 1) * max(stage_times) + sum(stage_times)
 
 
-def wshape_pipeline_time(stage_times: list[float], savings: list[float], micro_batches: int) -> float:
-    """W-shaped (DHelix folded) makespan: with per-stage pair saving g_k the steady state runs
-    co-executed ticks that cost (1 − g_k)·u_k. For equal stages this is (f+b)·(P + (m−1)(1−g))
-    (shared/reference/dhelix.md §3.4); unequal stages take the slowest stage's steady tick."""
+def wshape_pipeline_time(stage_times: list[float], savings: list[float], micro_batches: int,
+                         compute: list[tuple[float, float]] | None = None) -> float:
+    """W-shaped (DHelix folded) makespan of one pipeline.
+
+    Parameters
+    ----------
+    stage_times
+        u_k per physical stage: forward + backward of one micro-batch, communication included.
+    savings
+        g_k per stage: the saving of one co-executed tick.
+    micro_batches
+        m.
+    compute
+        optional (f_k, b_k) per stage, forward and backward compute seconds of one micro-batch;
+        needed for the exact m ≤ P form. Without it m ≤ P falls back to the 1F1B time, an upper
+        bound (the behaviour before the m ≤ P form existed).
+
+    Returns
+    -------
+    float
+        m > P: Σ u_k + (m−1)·max_k (1 − g_k)·u_k, for equal stages (f+b)·(P + (m−1)(1−g))
+        (shared/reference/dhelix.md §3.4); unequal stages take the slowest stage's steady tick.
+        m ≤ P: Σ u_k + (m−1)·max_k max(f_k, b_k) — no tick co-executes, so g does not apply.
+
+    Notes
+    -----
+    Derivation of the m ≤ P form (equal stages, each leg chunk costs f/2 forward and b/2 backward,
+    tick order of dhelix.md §3.3 / ``ir.schedules._wshape``). With m ≤ P no tick holds both a
+    forward (needs t < m) and a backward (needs t ≥ P). On the turnaround stage P−1 the warm-up is
+    empty, so its order is down-tick i, up-tick i for i = 0, 1, …: the 2m forward chunks
+    F(down, 0) F(up, 0) F(down, 1) … F(up, m−1) run back to back (m·f), then — ticks m … P−1 being
+    empty — the 2m backward chunks B(up, 0) B(down, 0) … B(down, m−1) (m·b). Two chains follow:
+
+    * forward-bound: micro-batch 0 reaches stage P−1 after (P−1)·f/2; the serial forwards end
+      after m·f more; micro-batch m−1 then climbs P−1 up-chunks ((P−1)·f/2) and runs its whole
+      backward (P·b): P(f+b) + (m−1)·f;
+    * backward-bound: micro-batch 0's forward ends at P·f, its gradient descends P−1 up-chunks
+      ((P−1)·b/2) to stage P−1, whose serial backwards take m·b, and micro-batch m−1's gradient
+      descends P−1 down-chunks ((P−1)·b/2): P(f+b) + (m−1)·b.
+
+    So the makespan is at least P(f+b) + (m−1)·max(f, b), and the discrete-event simulator meets
+    this bound exactly (tests/test_sim.py::test_wshape_with_m_at_most_P, tests/test_cost.py); the
+    turnaround stage's serial runs carry no communication (its legs hand over in memory), which
+    is why the increment is compute only. Below 1F1B's (m+P−1)(f+b) for m ≥ 2: the two folded
+    chunks per stage fill the ramp like a 2-chunk interleaved schedule. Unequal stages take the
+    slowest stage's max(f_k, b_k), as :func:`pipeline_time` takes the slowest u_k.
+    """
     P, m = len(stage_times), micro_batches
     if m <= P:
-        return pipeline_time(stage_times, m)
+        if compute is None:
+            return pipeline_time(stage_times, m)
+        if len(compute) != P:
+            raise ValueError(f"compute has {len(compute)} (f, b) pairs for {P} stages")
+        return sum(stage_times) + (m - 1) * max(max(f, b) for f, b in compute)
     steady = max((1 - g) * u for u, g in zip(stage_times, savings))
     return sum(stage_times) + (m - 1) * steady
 

@@ -128,7 +128,8 @@ def evaluate(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, pair_savings: di
         u = [c.time for c in costs]
         if problem.schedule == "wshape":
             g = [(pair_savings or {}).get(st.tp, 0.0) for st in pipe.stages]
-            pipe_times.append(cost.wshape_pipeline_time(u, g, pipe.micro_batches))
+            pipe_times.append(cost.wshape_pipeline_time(u, g, pipe.micro_batches,
+                                                        [(c.fwd, c.bwd) for c in costs]))
         else:
             pipe_times.append(cost.pipeline_time(u, pipe.micro_batches))
         for k, (st, c) in enumerate(zip(pipe.stages, costs)):

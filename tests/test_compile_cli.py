@@ -44,11 +44,12 @@ def test_validate_reports_first_problem_in_one_paragraph(tmp_path, capsys):
     prog1 = d["programs"][1]
     i = next(k for k, ins in enumerate(prog1) if ins["op"] == "RECV" and ins.get("mb") == 1)
     del prog1[i]
+    f = next(k for k, ins in enumerate(prog1) if ins["op"] == "F" and ins.get("mb") == 1)  # the consumer
     out.write_text(json.dumps(d))
     capsys.readouterr()
     assert main(["validate", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith(f"{out}: [order] rank 1, position {i} (F1.1): runs before its activation RECV")
+    assert err[0].startswith(f"{out}: [order] rank 1, position {f} (F1.1): runs before its activation RECV")
     assert main(["validate", "--all", str(out)]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) >= 2
 
@@ -57,10 +58,11 @@ def test_validate_reports_deadlock(tmp_path, capsys):
     from hexhelix.solver.compile import compile_plan
 
     prog = compile_plan(make_plan([(2, 2, (1,))], "gpipe"))
-    p0 = list(prog.programs[0])
+    rg = next(x for x in prog.programs[0] if str(x) == "RG0.0<1#1")
+    p0 = [x for x in prog.programs[0] if x is not rg]
     tok = [str(x) for x in p0]
-    b, f = tok.index("RG0.0<1#1"), tok.index("L0.1")
-    p0 = p0[:f] + p0[b:b + 2] + p0[f:b] + p0[b + 2:]
+    b, f = tok.index("B0.0"), tok.index("L0.1")
+    p0 = [*p0[:f], rg, p0[b], *p0[f:b], *p0[b + 1:]]  # backward of mb 0 (with its RECV) before F0.1
     bad = replace(prog, programs=(tuple(p0), *prog.programs[1:]))
     path = tmp_path / "bad.json"
     path.write_text(bad.to_json())
@@ -68,6 +70,27 @@ def test_validate_reports_deadlock(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "deadlock: ranks 0 -> 1 -> 0" in err or "deadlock: ranks 1 -> 0 -> 1" in err
     assert "RA1.1<0#0" in err and "RG0.0<1#1" in err
+
+
+def test_recv_ahead_flag(tmp_path, capsys):
+    """--recv-ahead 0 keeps each RECV right before its consumer; the default posts it one compute
+    op earlier; a negative value is one clear line and exit 2."""
+    plan = _write_plan(tmp_path, [(3, 4, (1,))])
+    progs = {}
+    for n in (0, 1):
+        out = tmp_path / f"p{n}.json"
+        args = ["compile", str(plan), "-o", str(out)] + ([] if n == 1 else ["--recv-ahead", "0"])
+        assert main(args) == 0
+        progs[n] = Program.load(str(out))
+    for late, early in zip(progs[0].programs, progs[1].programs):
+        nxt = [late[k + 1].op for k, x in enumerate(late) if x.op is Op.RECV]
+        assert set(nxt) <= {Op.F, Op.B, Op.LOAD}
+        assert [str(x) for x in late if x.op is not Op.RECV] == [str(x) for x in early if x.op is not Op.RECV]
+    assert progs[0].programs != progs[1].programs
+    capsys.readouterr()
+    assert main(["compile", str(plan), "--recv-ahead", "-1", "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recv_ahead" in err[0] and "non-negative" in err[0]
 
 
 def test_torch_csv_accepted_by_torch(tmp_path, capsys):

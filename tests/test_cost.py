@@ -198,5 +198,40 @@ def test_wshape_equals_1f1b_without_saving(stages: list[float]) -> None:
 
 
 def test_wshape_with_no_more_microbatches_than_stages_pairs_nothing() -> None:
-    # m ≤ P: no tick co-executes (dhelix.md §3.4 edge case), so the saving does not apply
+    # m ≤ P: no tick co-executes (dhelix.md §3.4 edge case), so the saving does not apply; without
+    # the (f, b) split the 1F1B time (an upper bound) is kept for old callers
     assert cost.wshape_pipeline_time([3.0] * 4, [0.5] * 4, 4) == cost.pipeline_time([3.0] * 4, 4)
+    with_split = cost.wshape_pipeline_time([3.0] * 4, [0.5] * 4, 4, [(1.0, 2.0)] * 4)
+    assert with_split == cost.wshape_pipeline_time([3.0] * 4, [0.0] * 4, 4, [(1.0, 2.0)] * 4)
+
+
+@pytest.mark.parametrize(("P", "m", "f", "b", "want"), [
+    (8, 8, 1.0, 2.0, 38.0),   # 8·3 + 7·2 (1F1B: 15·3 = 45)
+    (8, 8, 2.0, 1.0, 38.0),   # forward-bound chain, same value by symmetry of max
+    (4, 1, 1.0, 2.0, 12.0),   # one micro-batch: its W alone, P(f+b)
+    (4, 3, 1.0, 3.0, 22.0),   # 4·4 + 2·3
+    (3, 3, 2.0, 2.0, 16.0),   # 3·4 + 2·2
+    (2, 2, 0.5, 1.5, 5.5),    # 2·2 + 1·1.5
+])
+def test_wshape_with_m_at_most_P_hand_computed(P: int, m: int, f: float, b: float, want: float) -> None:
+    """m ≤ P on equal stages: P(f+b) + (m−1)·max(f, b) (derivation in the docstring of
+    cost.wshape_pipeline_time: two chains through the turnaround stage), hand-computed."""
+    assert cost.wshape_pipeline_time([f + b] * P, [0.3] * P, m, [(f, b)] * P) == pytest.approx(want)
+    if m >= 2:
+        assert want < cost.pipeline_time([f + b] * P, m)  # below 1F1B
+
+
+@pytest.mark.parametrize(("P", "m"), [(2, 1), (2, 2), (3, 2), (4, 4), (5, 3), (8, 8)])
+@pytest.mark.parametrize(("f", "b"), [(1.0, 2.0), (2.0, 1.0), (1.5, 1.5)])
+def test_wshape_with_m_at_most_P_matches_the_simulator(P: int, m: int, f: float, b: float) -> None:
+    """The cost model's m ≤ P form against the discrete-event replay of the compiled tick order."""
+    from hexhelix.runtime.sim import simulate
+    from hexhelix.runtime.sim_synth import synthetic_program
+
+    sim = simulate(synthetic_program("wshape", P, m, f=f, b=b, g=0.3)).makespan_s
+    assert cost.wshape_pipeline_time([f + b] * P, [0.3] * P, m, [(f, b)] * P) == pytest.approx(sim, rel=1e-12)
+
+
+def test_wshape_compute_split_must_match_the_stages() -> None:
+    with pytest.raises(ValueError, match="2 \\(f, b\\) pairs for 3 stages"):
+        cost.wshape_pipeline_time([3.0] * 3, [0.0] * 3, 2, [(1.0, 2.0)] * 2)

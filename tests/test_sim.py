@@ -220,8 +220,10 @@ def test_bad_options_are_rejected() -> None:
 def test_recv_ahead_posts_earlier_without_changing_what_runs() -> None:
     """Pre-posting receives keeps every rank's compute order and per-channel order; with eager
     sends it changes nothing, under rendezvous it can only help."""
+    from hexhelix.ir.lower import prepost_recvs
     from hexhelix.runtime.sim_prep import prepost_receives
 
+    assert prepost_receives is prepost_recvs  # one implementation: the compiler's pass
     prog = synthetic_program("1f1b", 4, 8, f=F_, b=B_, comm=0.1)
     moved = prepost_receives(prog, 1)
     for a, b in zip(prog.programs, moved.programs):
@@ -245,21 +247,26 @@ def test_wshape_with_m_at_most_P(P: int, m: int, f: float, b: float) -> None:
     assert simulate(prog).makespan_s == pytest.approx(P * (f + b) + (m - 1) * max(f, b), rel=1e-12)
 
 
-@pytest.mark.parametrize(("P", "p2p", "period"), [(2, "rendezvous", 2), (3, "rendezvous", 4), (8, "rendezvous", 4),
-                                                   (8, "eager", 2)])
-def test_1f1b_steady_state_period_with_communication(P: int, p2p: str, period: int) -> None:
+@pytest.mark.parametrize(("P", "p2p", "ahead", "period"), [
+    (2, "rendezvous", 0, 2), (3, "rendezvous", 0, 4), (8, "rendezvous", 0, 4), (8, "eager", 0, 2),
+    (3, "rendezvous", 1, 2), (8, "rendezvous", 1, 2)])
+def test_1f1b_steady_state_period_with_communication(P: int, p2p: str, ahead: int, period: int) -> None:
     """Transfers of c seconds: under rendezvous with each RECV posted right before its consumer
-    (as the compiler emits), a receiver waits for every transfer, and the 1F1B F↔B dependency cycle
-    between neighbours makes the steady-state period f + b + 4c on interior stages (f + b + 2c with
-    two stages); eager sends leave f + b + 2c — the cost model's u = f + b + 2c."""
+    (as synthetic programs, and the compiler with ``recv_ahead=0``, emit them), a receiver waits
+    for every transfer, and the 1F1B F↔B dependency cycle between neighbours makes the
+    steady-state period f + b + 4c on interior stages (f + b + 2c with two stages); eager sends,
+    or RECVs posted one compute op early (the compiler's default), leave f + b + 2c — the cost
+    model's u = f + b + 2c."""
     c, m = 0.1, 24
-    res = simulate(synthetic_program("1f1b", P, m, f=F_, b=B_, comm=c), SimOptions(p2p=p2p))
+    res = simulate(synthetic_program("1f1b", P, m, f=F_, b=B_, comm=c), SimOptions(p2p=p2p, recv_ahead=ahead))
     prog = res.timeline.program
     k = P // 2
     starts = sorted(s for s, _, st, i in res.timeline.spans[k] if prog.programs[k][i].op is Op.F)
     steady = [b - a for a, b in zip(starts[P:], starts[P + 1:])][: m - 2 * P]
-    if p2p == "rendezvous":
+    if p2p == "rendezvous" and ahead == 0:
         assert steady == pytest.approx([F_ + B_ + period * c] * len(steady))
+    elif ahead:  # pre-posted: no interval of the steady state exceeds u = f + b + 2c
+        assert max(steady) <= F_ + B_ + period * c + 1e-9
     else:
         assert sum(steady) / len(steady) <= F_ + B_ + period * c + 1e-9
 

@@ -51,9 +51,42 @@ def test_drop_a_recv(p1f1b):
     i = _index(p1f1b, r, lambda x: x.op is Op.RECV and x.kind is Kind.ACT and x.mb == 2)
     instrs = list(p1f1b.programs[r])
     del instrs[i]
+    f = next(k for k, x in enumerate(instrs) if x.op is Op.F and x.mb == 2)  # its consumer, now unfed
+    assert f > i  # the RECV was pre-posted, not necessarily adjacent to its consumer
     msg = _first(_with_rank(p1f1b, r, instrs))
-    assert msg.startswith(f"[order] rank {r}, position {i} (F1.2)")
+    assert msg.startswith(f"[order] rank {r}, position {f} (F1.2)")
     assert "runs before its activation RECV (RA1.2)" in msg
+
+
+@pytest.mark.parametrize("case", [([(3, 4, (1, 2)), (1, 2, (2,))], "1f1b"), ([(4, 6, (1,))], "gpipe"),
+                                  ([(2, 5, (1,))], "wshape"), ([(3, 3, (1, 2, 1))], "wshape")])
+@pytest.mark.parametrize("ahead", [0, 1, 2, 5])
+def test_preposted_receives_validate_and_dry_run(case, ahead):
+    """Any pre-posting depth gives a valid program that dry-runs to completion (RECV posts, its
+    consumer waits), with the same instructions and the same RECV order as ``recv_ahead=0``."""
+    plan = make_plan(*case)
+    base = compile_plan(plan, recv_ahead=0)
+    prog = compile_plan(plan, recv_ahead=ahead)
+    assert validate(prog, stop_early=False) == []
+    assert dry_run(prog).finished
+    for a, b in zip(base.programs, prog.programs):
+        assert sorted(map(str, a)) == sorted(map(str, b))
+        assert [str(x) for x in a if x.op is Op.RECV] == [str(x) for x in b if x.op is Op.RECV]
+        assert [str(x) for x in a if x.op is not Op.RECV] == [str(x) for x in b if x.op is not Op.RECV]
+
+
+def test_recv_moved_after_its_consumer_is_rejected(p1f1b):
+    """Pre-posting may move a RECV earlier, never past its consumer: the order check names the
+    consumer that now runs before its data."""
+    r = p1f1b.stages[1].ranks[0]
+    instrs = list(p1f1b.programs[r])
+    i = _index(p1f1b, r, lambda x: x.op is Op.RECV and x.kind is Kind.GRAD and x.mb == 1)
+    b = next(k for k, x in enumerate(instrs) if x.op is Op.B and x.mb == 1)
+    recv = instrs.pop(i)
+    instrs.insert(b, recv)  # now right after B1.1
+    msg = _first(_with_rank(p1f1b, r, instrs))
+    assert msg.startswith(f"[order] rank {r}, position {b - 1} (B1.1)")
+    assert "runs before its gradient RECV (RG1.1)" in msg
 
 
 def test_swap_two_ops_across_a_dependency(p1f1b):
@@ -167,25 +200,30 @@ def test_collective_order_mismatch_deadlocks(p1f1b):
     assert "wait on each other in a cycle" in str(rep.error)
 
 
-def test_dry_run_reports_a_deadlock_cycle():
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_dry_run_reports_a_deadlock_cycle(ahead):
     """GPipe on rank 1, 1F1B-without-warm-up on rank 0: each rank's order is locally valid and every
     channel's FIFO matches, but rank 0 waits for the gradient of micro-batch 0 while rank 1 waits
-    for the activation of micro-batch 1 — a two-rank cycle."""
-    prog = compile_plan(make_plan([(2, 2, (1,))], "gpipe"))
-    p0 = list(prog.programs[0])
+    for the activation of micro-batch 1 — a two-rank cycle. A RECV only posts; the op that
+    consumes it is where a rank blocks (with ``ahead=0`` the RECV sits right before it)."""
+    prog = compile_plan(make_plan([(2, 2, (1,))], "gpipe"), recv_ahead=ahead)
+    p0 = [x for x in prog.programs[0] if str(x) != "RG0.0<1#1"]
+    rg = next(x for x in prog.programs[0] if str(x) == "RG0.0<1#1")
     tok = [str(x) for x in p0]
-    first_b = tok.index("RG0.0<1#1")
-    second_f = tok.index("L0.1")
-    reordered = p0[:second_f] + p0[first_b:first_b + 2] + p0[second_f:first_b] + p0[first_b + 2:]
+    first_b, second_f = tok.index("B0.0"), tok.index("L0.1")
+    reordered = [*p0[:second_f], rg, p0[first_b], *p0[second_f:first_b], *p0[first_b + 1:]]
     bad = _with_rank(prog, 0, reordered)
     assert validate(bad) == []
     with pytest.raises(ScheduleError) as err:
         check_deadlock(bad)
     assert sorted(err.value.cycle) == [0, 1]
-    assert {op[2] for op in err.value.ops} == {"RG0.0<1#1", "RA1.1<0#0"}
+    assert {op[2] for op in err.value.ops} == {"B0.0", "F1.1"}
     text = str(err.value)
-    assert "rank 0 at position" in text and "waits for the grad of micro-batch 0 from rank 1" in text
-    assert ">>RA1.1<0#0<<" in text  # grid window marks the stuck op
+    assert "rank 0 at position" in text and "(B0.0) waits for the grad of micro-batch 0 from rank 1" in text
+    assert "rank 1 at position" in text and "(F1.1) waits for the act of micro-batch 1 from rank 0" in text
+    assert ">>F1.1<<" in text and ">>B0.0<<" in text  # grid window marks the stuck ops
+    if ahead:  # rank 1's RECV of micro-batch 1 was posted before F1.0: the message says where
+        assert "(its RA1.1<0#0 was posted at position" in text
 
 
 def test_dry_run_reports_missing_sender():

@@ -22,7 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="pipeline schedule (default: the plan's)")
     p.add_argument("-o", "--output", help="program JSON to write (default: stdout)")
     p.add_argument("--torch-csv", metavar="FILE", default=None,
-                   help="also write PyTorch pipelining's compute_comms CSV (one pipeline, one strand, TP 1)")
+                   help="also write PyTorch pipelining's compute_comms CSV (one pipeline, one strand, TP 1); its "
+                        "RECVs sit right before their consumers, as torch's _simulate_comms_compute treats a "
+                        "RECV as blocking")
+    p.add_argument("--recv-ahead", type=int, default=1, metavar="N",
+                   help="post every RECV N compute ops before the op that consumes it, so rendezvous transfers "
+                        "overlap the receiver's compute (docs/program.md §4; 0: right before it; default 1)")
     p.add_argument("--profile", default=None, help="profile JSON for the per-op estimates (default: documented "
                    "defaults)")
     p.add_argument("--pair", action="store_true",
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if (args.schedule or plan.problem.schedule) != "wshape":
             raise UnsupportedError("--pair applies to the wshape schedule only")
         pairing = stage_pairings(plan, profile)
-    program = compile_plan(plan, args.schedule, profile, pairing)
+    program = compile_plan(plan, args.schedule, profile, pairing, recv_ahead=args.recv_ahead)
     findings = validate(program)
     if findings:
         print(f"hexhelix compile: invalid program: {format_finding(findings[0])}", file=sys.stderr)
@@ -58,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if rep.error is not None:
         print(f"hexhelix compile: {rep.error}", file=sys.stderr)
         return 1
-    csv_text = to_torch_csv(program) if args.torch_csv else None
+    csv_text = None
+    if args.torch_csv:  # torch's CSV simulator blocks at a RECV: export the recv_ahead=0 placement
+        late = program if args.recv_ahead == 0 else compile_plan(plan, args.schedule, profile, pairing,
+                                                                  estimates=False, recv_ahead=0)
+        csv_text = to_torch_csv(late)
     text = program.to_json()
     if args.output:
         Path(args.output).write_text(text)
