@@ -177,14 +177,15 @@ def agreement() -> list[str]:
         if res.plan is not None:
             shape = "+".join(str(len(p.stages)) for p in res.plan.pipelines)
             cases.append((f"hexiscale on {cl}, {model} ({shape} stages)", res.plan))
-    rows = ["| plan | evaluator s | sim s (rendezvous, as compiled) | gap | sim s (RECV posted 1 op early) | gap | "
+    rows = ["| plan | evaluator s | sim s (rendezvous, as compiled: RECV posted 1 op early) | gap | "
+            "sim s (rendezvous, `compile --recv-ahead 0`: RECV right before its consumer) | gap | "
             "sim s (eager) | gap | pipeline phase, no comm: sim / closed form |", "|---|---|---|---|---|---|---|---|---|"]
     for name, plan in cases:
         ev = evaluate(plan)
         prog = compile_plan(plan)
         rv = simulate(prog, SimOptions(record=False)).makespan_s
         ea = simulate(prog, SimOptions(record=False, p2p="eager")).makespan_s
-        ah = simulate(prog, SimOptions(record=False, recv_ahead=1)).makespan_s
+        ah = simulate(compile_plan(plan, recv_ahead=0), SimOptions(record=False)).makespan_s
         free = simulate(prog, SimOptions(comm_scale=0.0))
         ratios = []
         if plan.problem.schedule != "wshape":
@@ -240,11 +241,12 @@ def write_readme(speed_rows: list[str], dhelix_rows: list[str], agree_rows: list
         "Where they differ and why (each checked in tests/test_sim_compiled.py): (1) the closed form is exact "
         "for equal stages and whenever the bottleneck is the last stage, and over-estimates when a slower stage "
         "sits upstream (the fill and drain of faster downstream stages hide under its work); (2) the evaluator "
-        "charges each boundary transfer once, to the sending stage's u, while in the compiled program every "
-        "RECV is posted right before its consumer, so under rendezvous each receiver waits for its transfers "
-        "and the 1F1B F/B cycle between neighbours makes the steady-state period f + b + 4c on interior stages "
-        "(eager sends, or a runtime posting each irecv one compute op early: f + b + 2c, the evaluator's u — "
-        "the *RECV posted 1 op early* column); (3) the evaluator adds all gradient sync after the "
+        "charges each boundary transfer once, to the sending stage's u; the compiler posts every RECV one "
+        "compute op before its consumer (`ir.lower.prepost_recvs`, docs/program.md §4), so under rendezvous "
+        "the transfer runs while the receiver computes and the steady-state period is f + b + 2c, the "
+        "evaluator's u; with each RECV right before its consumer (`--recv-ahead 0` column) each receiver "
+        "waits for its transfers and the 1F1B F/B cycle between neighbours makes the period f + b + 4c on "
+        "interior stages; (3) the evaluator adds all gradient sync after the "
         "slowest pipeline, while buckets whose members finished early overlap that pipeline's drain (the "
         "two-pipeline plan of the tests: sim 2.69 s vs evaluator 2.89 s).",
         "",

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comm-scale", type=float, default=1.0, metavar="X",
                    help="multiply every transfer and collective time (0 = free communication)")
     p.add_argument("--recv-ahead", type=int, default=0, metavar="N",
-                   help="post every RECV N compute ops before its consumer (a runtime pre-posting irecv; default 0)")
+                   help="post every RECV N compute ops earlier than the program places it (the compiler "
+                        "already posts one op ahead; default 0 = as compiled)")
     p.set_defaults(func=run)
 
 
