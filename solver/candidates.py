@@ -137,6 +137,7 @@ class CostTables:
     opt_last: dict[int, float]
     lmax: dict[tuple[int, bool, bool, int], int] = field(default_factory=dict)  # (opt, first, last, inflight)
     max_inflight: int = 1
+    _drops: dict[tuple[int, bool, bool, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
 
     @property
     def layers(self) -> int:
@@ -152,21 +153,35 @@ class CostTables:
         key = (c, first, last, v)
         if key not in self.lmax:
             opt = self.options[c]
-            hi = -1
-            for layers in range(self.layers + 1):
+
+            def fits(layers: int) -> bool:
                 sc = synthetic_stage_cost(self.problem, opt, layers, first=first, last=last, inflight=v,
                                           profile=self.profile)
-                if sc.memory_bytes > sc.capacity_bytes:
-                    break
-                hi = layers
+                return sc.memory_bytes <= sc.capacity_bytes
+
+            # memory is affine in the layer count: estimate the limit from two evaluations, then
+            # settle it with the evaluator's own comparison (so float rounding cannot disagree)
+            m0 = synthetic_stage_cost(self.problem, opt, 0, first=first, last=last, inflight=v, profile=self.profile)
+            m1 = synthetic_stage_cost(self.problem, opt, 1, first=first, last=last, inflight=v, profile=self.profile)
+            slope = m1.memory_bytes - m0.memory_bytes
+            guess = self.layers if slope <= 0 else int((m0.capacity_bytes - m0.memory_bytes) // slope)
+            hi = max(-1, min(self.layers, guess))
+            while hi >= 0 and not fits(hi):
+                hi -= 1
+            while hi < self.layers and fits(hi + 1):
+                hi += 1
             self.lmax[key] = hi
         return self.lmax[key]
 
     def inflight_values(self, c: int, first: bool, last: bool) -> list[tuple[int, int]]:
         """(inflight v, max layers) at each v where the limit strictly drops, until it reaches 0;
         constraints at other v are implied by these (memory grows with v)."""
+        key = (c, first, last, -1)
+        if key in self._drops:
+            return self._drops[key]
         if last and self.problem.schedule == "1f1b":
-            return [(1, self.max_layers(c, first, last, 1))]
+            self._drops[key] = [(1, self.max_layers(c, first, last, 1))]
+            return self._drops[key]
         out: list[tuple[int, int]] = []
         prev = None
         for v in range(1, self.max_inflight + 1):
@@ -176,6 +191,7 @@ class CostTables:
             prev = lm
             if lm <= 0:
                 break
+        self._drops[key] = out
         return out
 
     def sync_layer_lb(self, c: int, pipelines: int, unit_params: float) -> float:

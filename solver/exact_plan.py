@@ -30,6 +30,7 @@ from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
+from .shape_bound import shape_lower_bound
 
 __all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "solve_exact"]
 
@@ -88,8 +89,10 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     model and cuts off worse plans), ``initial_plan`` (a Plan used the same way), ``max_pipelines``
     (cap P; the bound is then only over the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
-    ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
-    bound and the result cannot be optimal), ``workers``, ``log``.
+    ``shape_bound`` (default True: the order-free shape enumeration bound of :mod:`.shape_bound`,
+    given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
+    bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
+    an LP file, e.g. for a bug report), ``workers``, ``log``.
     """
     opts = dict(options or {})
     t0 = time.monotonic()
@@ -115,8 +118,13 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         ev = evaluate(plan, profile)
         if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
             best = (plan, ev)
+    scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
     rate = tables.gpu_rate_bound()
-    scale = TICKS_AT_RATE_BOUND / rate
+    if opts.get("shape_bound", True):  # order-free shape enumeration: a bound valid for every P
+        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()))
+        if sb is not None:
+            rate = max(rate, sb)
+        params["shape_bound_s"] = sb
     L, M, N = problem.model.layers, problem.training.num_micro_batches, problem.cluster.num_gpus
     gmin = min_gpus_per_pipeline(tables)
     cap = int(opts.get("max_pipelines") or pmax)
@@ -131,11 +139,14 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     iterations = 0
     models: dict[int, Any] = {}
     skipped: set[int] = set()
+    models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
     while True:  # passes over the unproven pipeline counts until all are proven or time is up
         todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
         if not todo or deadline - time.monotonic() <= 0.05:
             break
+        if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
+            break  # the a-priori bound already proves the incumbent optimal
         progress_made = False
         for idx, P in enumerate(todo):
             remaining = deadline - time.monotonic()
@@ -151,7 +162,12 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     bounds[P], proven[P] = rate, False
                     skipped.add(P)
                     continue
-                models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub)
+                models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
+                if opts.get("export_model") and not models_exported:  # the first model built, as an LP file
+                    from .milp_plan import to_pulp
+
+                    to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
+                    models_exported = True
                 seen[P] = set()
                 bounds[P], proven[P] = rate, False
             elif ub is not None:
@@ -221,7 +237,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     gap = (ev.iteration_time_s - bound) / ev.iteration_time_s
     tol = gap_tol + _rounding_ticks(M, max(1, min(L, N)), L) / (ev.iteration_time_s * scale)
     unproven = [P for P in range(1, pmax + 1) if not proven.get(P, False)]
-    if explored_all and not unproven and gap <= tol:
+    if gap <= tol:  # the bound is valid whichever way it was obtained
         status, reason = SolveStatus.OPTIMAL, ""
     elif unproven:
         status = SolveStatus.TIMEOUT

@@ -72,8 +72,16 @@ def map_highs_status(model_status: str, has_solution: bool) -> str:
     return "error"
 
 
+TIME_UNIT = 1e6  # MILP time variables are in units of 1e6 ticks (~1e3 at the total-work bound)
+
+
 def to_pulp(lin: LinearModel, name: str = "hexhelix_plan") -> tuple[Any, list[Any]]:
-    """The PuLP problem and its variables for ``lin`` (``export_model``: ``prob.writeLP(path)``)."""
+    """The PuLP problem and its variables for ``lin`` (``export_model``: ``prob.writeLP(path)``).
+
+    Time variables are rescaled, t = TIME_UNIT·t', and every row holding one is divided by
+    TIME_UNIT: the same feasible set, but magnitudes near 1e3 instead of 1e9, which keeps CBC's and
+    HiGHS's absolute tolerances meaningful (with raw ticks HiGHS mis-bounded a test instance).
+    Values and objective are mapped back to ticks by :func:`solve_milp_model`."""
     import warnings
 
     import pulp
@@ -81,12 +89,17 @@ def to_pulp(lin: LinearModel, name: str = "hexhelix_plan") -> tuple[Any, list[An
     prob = pulp.LpProblem(name, pulp.LpMinimize)
     with warnings.catch_warnings():  # PuLP 3.3 deprecates direct LpVariable construction (4.0 API)
         warnings.simplefilter("ignore", DeprecationWarning)
-        v = [pulp.LpVariable(n.replace("[", "_").replace("]", "").replace(",", "_"), lowBound=lb, upBound=ub,
+        v = [pulp.LpVariable(n.replace("[", "_").replace("]", "").replace(",", "_"),
+                             lowBound=lb / TIME_UNIT if t else lb, upBound=ub / TIME_UNIT if t else ub,
                              cat="Integer" if integer else "Continuous")
-             for n, lb, ub, integer in zip(lin.names, lin.lb, lin.ub, lin.integer)]
-    prob += pulp.lpSum(c * v[i] for i, c in lin.objective.items())
+             for n, lb, ub, integer, t in zip(lin.names, lin.lb, lin.ub, lin.integer, lin.time)]
+    prob += pulp.lpSum(c * v[i] for i, c in lin.objective.items())  # objective: time variables only
     for k, (coefs, sense, rhs, rname) in enumerate(lin.rows):
-        expr = pulp.lpSum(c * v[i] for i, c in coefs.items())
+        if any(lin.time[i] for i in coefs):
+            expr = pulp.lpSum((c if lin.time[i] else c / TIME_UNIT) * v[i] for i, c in coefs.items())
+            rhs = rhs / TIME_UNIT
+        else:
+            expr = pulp.lpSum(c * v[i] for i, c in coefs.items())
         cname = f"c{k}_" + re.sub(r"[^A-Za-z0-9_]", "_", rname)
         if sense == "<=":
             prob += (expr <= rhs, cname)
@@ -173,7 +186,10 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             bound = None
         if status == "optimal" and bound is None:
             bound = obj
-    values = [float(x.varValue or 0.0) for x in v] if has else None
+    values = ([float(x.varValue or 0.0) * (TIME_UNIT if t else 1.0) for x, t in zip(v, lin.time)]
+              if has else None)
+    obj = obj * TIME_UNIT if obj is not None else None
+    bound = bound * TIME_UNIT if bound is not None else None
     return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log=text if log else "")
 
 

@@ -46,14 +46,17 @@ class LinearModel:
     lb: list[int] = field(default_factory=list)
     ub: list[int] = field(default_factory=list)
     integer: list[bool] = field(default_factory=list)
+    time: list[bool] = field(default_factory=list)
     rows: list[tuple[dict[int, int], str, int, str]] = field(default_factory=list)
     objective: dict[int, int] = field(default_factory=dict)
 
-    def var(self, name: str, lb: int, ub: int, integer: bool = True) -> int:
+    def var(self, name: str, lb: int, ub: int, integer: bool = True, time: bool = False) -> int:
+        """A variable; ``time`` marks variables measured in ticks (a MILP backend may rescale them)."""
         self.names.append(name)
         self.lb.append(int(lb))
         self.ub.append(int(max(lb, ub)))
         self.integer.append(integer)
+        self.time.append(time)
         return len(self.names) - 1
 
     def add(self, coefs: dict[int, int], sense: str, rhs: int, name: str) -> None:
@@ -155,8 +158,9 @@ class PlanModel:
 
 
 def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale: float,
-                     cutoff_s: float | None = None) -> PlanModel:
-    """Build the P-pipeline model (``pipelines`` = P, at most ``max_stages`` stages per pipeline)."""
+                     cutoff_s: float | None = None, pipe_lb_s: float | None = None) -> PlanModel:
+    """Build the P-pipeline model (``pipelines`` = P, at most ``max_stages`` stages per pipeline).
+    ``pipe_lb_s``: a known valid lower bound on the slowest pipeline (default: the total-work bound)."""
     pb = tables.problem
     L, M = pb.model.layers, pb.training.num_micro_batches
     C, P, K = len(tables.options), pipelines, max_stages
@@ -175,14 +179,14 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
         horizon = min(horizon, math.ceil(cutoff_s * scale) + 1)
     u_hi = min(stage_hi, horizon)
     hl = {(p, k, c): lin.var(f"hl[{p},{k},{c}]", 0, 1, integer=False) for p in range(P) for k in range(K) for c in range(C)}
-    u = {(p, k): lin.var(f"u[{p},{k}]", 0, u_hi, integer=False) for p in range(P) for k in range(K)}
-    U = {p: lin.var(f"U[{p}]", 0, u_hi, integer=False) for p in range(P)}
-    w = {(p, v): lin.var(f"w[{p},{v}]", 0, u_hi, integer=False) for p in range(P) for v in range(2, mmax + 1)}
-    comm = {(p, k): lin.var(f"comm[{p},{k}]", 0, u_hi, integer=False) for p in range(P) for k in range(K - 1)}
+    u = {(p, k): lin.var(f"u[{p},{k}]", 0, u_hi, integer=False, time=True) for p in range(P) for k in range(K)}
+    U = {p: lin.var(f"U[{p}]", 0, u_hi, integer=False, time=True) for p in range(P)}
+    w = {(p, v): lin.var(f"w[{p},{v}]", 0, u_hi, integer=False, time=True) for p in range(P) for v in range(2, mmax + 1)}
+    comm = {(p, k): lin.var(f"comm[{p},{k}]", 0, u_hi, integer=False, time=True) for p in range(P) for k in range(K - 1)}
     t_hi = horizon if cutoff_s is not None else 2**40  # without a cutoff, leave room for sync and optimizer
-    t_pipe = lin.var("T_pipe", 0, t_hi, integer=False)
-    t_sync = lin.var("T_sync", 0, t_hi, integer=False)
-    t_opt = lin.var("T_opt", 0, t_hi, integer=False)
+    t_pipe = lin.var("T_pipe", 0, t_hi, integer=False, time=True)
+    t_sync = lin.var("T_sync", 0, t_hi, integer=False, time=True)
+    t_opt = lin.var("T_opt", 0, t_hi, integer=False, time=True)
     lin.objective = {t_pipe: 1, t_sync: 1, t_opt: 1}
 
     def s(p: int, k: int) -> dict[int, int]:   # stage k of pipeline p is used
@@ -280,7 +284,7 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
                         srow[x[p, k, c]] = -tk(tables.sync_layer_lb(c, P, model.embedding_params))
                     lin.add(srow, ">=", 0, f"sync_bound[{p},{k},{c}]")
     # -- valid inequalities and cutoff
-    lin.add({t_pipe: 1}, ">=", tk(tables.gpu_rate_bound()), "rate_bound")
+    lin.add({t_pipe: 1}, ">=", tk(max(tables.gpu_rate_bound(), pipe_lb_s or 0.0)), "rate_bound")
     if cutoff_s is not None:
         lin.add(dict(lin.objective), "<=", math.ceil(cutoff_s * scale), "cutoff")
     _add_symmetry_breaking(lin, tables, usage)

@@ -42,7 +42,7 @@ EXACT_METHODS = ("cpsat", "milp", "milp-cbc", "milp-highs", "bruteforce")
 HEURISTIC_METHODS = ("hexiscale", "hexiscale-released", "megatron")
 METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
-                  "workers", "log", "max_model_rows"}
+                  "workers", "log", "max_model_rows", "shape_bound", "export_model"}
 
 
 def _resolve(method: str) -> Callable[..., SolveResult]:

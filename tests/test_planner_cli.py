@@ -59,10 +59,13 @@ def test_plan_output_evaluate_and_export_solve_round_trip(capsys, cluster_file: 
     assert other["iteration_time_s"] == pytest.approx(d["iteration_time_s"], rel=1e-6)
 
 
-def test_plan_text_output(capsys, cluster_file: Path) -> None:
-    assert main(["plan", *tiny_args(cluster_file), "--solver", "cpsat"]) == 0
+def test_plan_text_output_and_model_export(capsys, cluster_file: Path, tmp_path: Path) -> None:
+    lp = tmp_path / "model.lp"
+    assert main(["plan", *tiny_args(cluster_file), "--solver", "cpsat", "--export-model", str(lp)]) == 0
     out = capsys.readouterr().out
     assert "solver cpsat: optimal" in out and "pipeline 0" in out
+    text = lp.read_text()
+    assert "Minimize" in text and "T_pipe" in text
 
 
 def test_plan_infeasible_memory_one_line(capsys) -> None:

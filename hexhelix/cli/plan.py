@@ -48,11 +48,14 @@ def add_solver_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warm-start", action="store_true", help="exact solvers: do not start from the heuristics")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--log", action="store_true", help="include the solver log (JSON key log)")
+    p.add_argument("--export-model", metavar="FILE", help="exact solvers: write the first model built as an LP file")
 
 
 def solver_options(args: argparse.Namespace, method: str) -> tuple[str, dict[str, Any]]:
     """(registry method name, options) from the flags; ``milp`` picks up --backend."""
     opts: dict[str, Any] = {"workers": args.workers, "log": args.log, "warm_start": not args.no_warm_start}
+    if getattr(args, "export_model", None):
+        opts["export_model"] = args.export_model
     if method == "milp":
         method = f"milp-{args.backend}"
     return method, opts
@@ -132,7 +135,7 @@ def export_problem(path: str, problem: PlanProblem, profile: Profile, method: st
                    opts: dict[str, Any]) -> None:
     d = problem.to_dict()
     d["solve"] = {"solver": method, "time_limit": args.time_limit, "seed": args.seed,
-                  **{k: v for k, v in opts.items() if k != "log"}}
+                  **{k: v for k, v in opts.items() if k not in ("log", "export_model")}}
     if profile != DEFAULT_PROFILE:
         d["profile"] = profile.to_dict()
     Path(path).write_text(json.dumps(d, indent=1) + "\n")
