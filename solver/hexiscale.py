@@ -3,30 +3,36 @@
 Algorithm (arXiv 2409.01143 §3; shared/reference/hexiscale.md §3), every plan scored by the one
 evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
 
-1. **Phase 1** — split the device graph into P pipelines with METIS
-   (:func:`~hexhelix.solver.partition.partition_pipelines`): reciprocal-bandwidth weights (the
-   paper: vertical slices, gradient sync over fast links) and, as a second candidate, bandwidth
-   weights (machine-aligned pipelines).
-2. **Phase 2** — per pipeline: coarsen its GPUs into machine blocks (TP never crosses a machine),
+1. **Phase 1** — split the GPUs into P pipelines (:mod:`~hexhelix.solver.partition`): METIS on the
+   device graph with reciprocal-bandwidth weights (the paper: vertical slices, so gradient sync
+   runs over fast intra-machine links) and with bandwidth weights (machine-aligned pipelines), plus
+   exact vertical stripes over METIS groups of machines (G groups × P/G slices, for every G | P),
+   which bound the machines per pipeline on large clusters.
+2. **Phase 2** — per pipeline: coarsen its GPUs into machine blocks (TP never crosses a machine);
    order the blocks with the top-τ greedy path search maximising bandwidth
-   (:mod:`~hexhelix.solver.stage_order`; ties broken towards memory-rich GPUs first, which hold the
-   most 1F1B activations), split every block into TP stages (coordinate descent over all
-   compositions of its GPU count into TP degrees that divide the heads), and assign layers.
+   (:mod:`~hexhelix.solver.stage_order`), trying the best few paths (every order for ≤ 3 blocks)
+   because 1F1B's early stages hold the most activations; split every block into TP stages over
+   all compositions of its GPU count into TP degrees that divide the heads, or leave it idle
+   (exhaustively when ≤ 256 combinations, else coordinate descent); assign layers.
 3. **Layers and micro-batches** — :func:`assign_layers` gives the exact minimum of
    (m−1)·max_k u_k + Σ_k u_k over contiguous layer counts with per-stage memory caps (stage times
    and memory are the evaluator's own, probed as affine functions of the layer count);
    :func:`allocate_micro_batches` gives the exact min-max split of the global batch's micro-batches
    over pipelines (greedy on increasing functions), alternated twice with the layer assignment.
-4. **Outer search** — every pipeline count P = 1 … P_max (bounded by micro-batches, GPUs and total
-   memory) and both phase-1 weightings, deterministically; the best evaluated plan wins.
+4. **Outer search** — pipeline counts P = 1 … 8, then in steps of ~25 % up to a memory/batch
+   bound, deterministically, stopping after ``patience`` counts without improvement; the best evaluated plan is then
+   polished by hill climbing on the evaluator (one layer across a boundary, one micro-batch
+   between pipelines), which also sees the gradient sync. The best uniform Megatron shape is a
+   candidate as well (a portfolio: never slower than the homogeneous baseline).
 
 Released defects fixed here (reference §2.10, §3.3–3.5): equal batch split across pipelines →
 throughput-optimal micro-batch counts; memory-proportional layers → compute-speed layers under
 memory caps (stages that would overflow get fewer layers); the stage-order argmin-across-starts
-and inverse-permutation bugs → the maximum-bandwidth path itself; METIS zero edge weights
+and inverse-permutation bugs → the maximum-bandwidth paths themselves; METIS zero edge weights
 (segfault) → normalised positive integer weights; the fixed TP menu (no [1,1,1,1], TP not checked
 against the head count) → every valid composition; the random walk over P with a stale
-micro-batch size (Q6) → a deterministic sweep. Being a heuristic, it never claims optimality.
+micro-batch size (Q6) → a deterministic sweep; every GPU forced into a stage → slow machines may
+stay idle. Being a heuristic, it never claims optimality (status FEASIBLE, no bound).
 """
 
 from __future__ import annotations
@@ -36,26 +42,30 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import networkx as nx
 import numpy as np
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
 from .evaluate import Evaluation, evaluate, stage_cost
+from .megatron import plan_megatron
 from .partition import EDGE_WEIGHTINGS, group_by_node, grouped_stripes, partition_pipelines
 from .result import SolveResult, SolveStatus
 from .stage_order import top_tau_paths
 
-__all__ = ["StageCostTable", "allocate_micro_batches", "assign_layers", "max_pipelines", "plan_hexiscale",
-           "polish", "tp_splits"]
+__all__ = ["StageCostTable", "allocate_micro_batches", "assign_layers", "max_pipelines", "pipeline_counts",
+           "plan_hexiscale", "polish", "tp_splits"]
 
 logger = logging.getLogger(__name__)
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
+POLISH_S = 2.0     # default time budget of the final hill climbing (seconds)
+MEGATRON_SEED_MAX_GPUS = 128  # the uniform-shape candidates are added up to this cluster size
 _EXHAUSTIVE = 256  # TP-split combinations per pipeline below which all are tried (else coordinate descent)
 
 
@@ -126,15 +136,16 @@ class StageCostTable:
 
 
 def assign_layers(time1: Sequence[float], time0: Sequence[float], caps: Sequence[int], layers: int,
-                  micro_batches: int) -> tuple[tuple[int, ...], float] | None:
+                  micro_batches: int, min_layers: int = 1) -> tuple[tuple[int, ...], float] | None:
     """Exact contiguous layer counts minimising the pipeline time (m−1)·max_k u_k + Σ_k u_k.
 
     Parameters
     ----------
     time1, time0 : per-stage seconds per layer and fixed seconds (u_k = l_k·time1_k + time0_k).
     caps : per-stage maximum layer count (memory).
-    layers : L, the model's layers; every stage gets 1 ≤ l_k ≤ caps_k and Σ l_k = L.
+    layers : L, the model's layers; every stage gets min_layers ≤ l_k ≤ caps_k and Σ l_k = L.
     micro_batches : m of the pipeline.
+    min_layers : 1, or 2 under W-shape folding (each stage holds a down-leg and an up-leg layer).
 
     Returns
     -------
@@ -155,23 +166,24 @@ def assign_layers(time1: Sequence[float], time0: Sequence[float], caps: Sequence
     a, b = np.asarray(time1, float), np.asarray(time0, float)
     cap = np.minimum(np.asarray(caps, int), layers)
     K = len(a)
-    if K == 0 or K > layers or (cap < 1).any() or cap.sum() < layers:
+    lo = min_layers
+    if K == 0 or K * lo > layers or (cap < lo).any() or cap.sum() < layers:
         return None
     cand = np.unique((np.arange(1, layers + 1)[None, :] * a[:, None] + b[:, None]).ravel())
     with np.errstate(divide="ignore", invalid="ignore"):
         ub = np.floor((cand[:, None] - b[None, :]) / np.where(a > 0, a, np.inf)[None, :] + 1e-9)
     ub = np.where(a[None, :] > 0, ub, layers)
     ub = np.minimum(ub, cap[None, :]).astype(int)
-    ok = (ub >= 1).all(axis=1) & (ub.sum(axis=1) >= layers)
+    ok = (ub >= lo).all(axis=1) & (ub.sum(axis=1) >= layers)
     if not ok.any():
         return None
     ub = ub[ok]
     order = np.argsort(a, kind="stable")
-    extra = ub[:, order] - 1                          # room above the mandatory single layer
+    extra = ub[:, order] - lo                         # room above the mandatory minimum
     before = np.cumsum(extra, axis=1) - extra
-    take = np.clip(layers - K - before, 0, extra)
+    take = np.clip(layers - K * lo - before, 0, extra)
     cnt = np.empty_like(take)
-    cnt[:, order] = take + 1
+    cnt[:, order] = take + lo
     u = cnt * a[None, :] + b[None, :]
     obj = (micro_batches - 1) * u.max(axis=1) + u.sum(axis=1)
     best = int(np.argmin(obj))
@@ -226,6 +238,11 @@ def tp_splits(n: int, valid_tp: Sequence[int]) -> list[tuple[int, ...]]:
     return list(_compositions(n, tuple(sorted(set(valid_tp), reverse=True))))
 
 
+def min_stage_layers(problem: PlanProblem) -> int:
+    """Fewest layers a stage may hold: 2 under W-shape folding (a down-leg and an up-leg), else 1."""
+    return 2 if problem.schedule == "wshape" else 1
+
+
 def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
     out = []
     for t in range(1, n + 1):
@@ -244,7 +261,7 @@ class _PipelineSolver:
         self.problem, self.table, self.tau = problem, table, tau
         self.graph = problem.cluster.device_graph()
         self.n_mb = problem.training.num_micro_batches
-        self._memo: dict[tuple, tuple[tuple[int, ...], list[Stage]] | None] = {}
+        self._memo: dict[tuple, tuple[tuple[int, ...], list[int]] | None] = {}
         self._orders: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self.n_orders = n_orders
         self.devs = problem.cluster.devices()
@@ -257,11 +274,13 @@ class _PipelineSolver:
         pt = self.table.probes(stages, m)
         pm = pt if self._mem_mb(m) == m else self.table.probes(stages, self._mem_mb(m))
         return assign_layers([p.time1 for p in pt], [p.time0 for p in pt], [p.max_layers() for p in pm],
-                             self.problem.model.layers, m)
+                             self.problem.model.layers, m, min_stage_layers(self.problem))
 
     def _orders_of(self, nodes: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Candidate visiting orders of the machine blocks: the ``orders`` best top-τ paths by
-        bandwidth (ties towards memory-rich blocks first, which hold the most 1F1B activations)."""
+        """Candidate visiting orders of the machine blocks: the ``n_orders`` best top-τ paths by
+        bandwidth (ties towards memory-rich blocks first, which hold the most 1F1B activations);
+        every order when there are at most 3 blocks (bandwidth is not all that matters: 1F1B's
+        early stages hold more activations, so a memory-rich block may belong at the end)."""
         if nodes not in self._orders:
             cl = self.problem.cluster
             w = [[cl.node_link(a, c)[0] if i != j else 0.0 for j, c in enumerate(nodes)]
@@ -269,25 +288,33 @@ class _PipelineSolver:
             mem = [cl.gpu_of_node(n).memory_gib for n in nodes]
             paths = sorted(top_tau_paths(w, self.tau), key=lambda sp: (-round(sp[0] / 1e6), [-mem[i] for i in sp[1]],
                                                                        sp[1]))
-            self._orders[nodes] = [p for _, p in paths[:self.n_orders]]
+            keep = len(paths) if len(nodes) <= 3 else self.n_orders      # ≤ 3 blocks: every order
+            self._orders[nodes] = [p for _, p in paths[:keep]]
         return self._orders[nodes]
+
+    def _menus(self, blocks: list[list[int]]) -> list[list[tuple[int, ...]]]:
+        """Per block: every TP split, then ``()`` = leave the block idle (slow GPUs may cost more in
+        stage time or gradient sync than they bring)."""
+        return [[*tp_splits(len(b), _valid_tp(self.problem, len(b))), ()] for b in blocks]
+
+    def _build(self, blocks: list[list[int]], menus: list[list[tuple[int, ...]]], ch: Sequence[int]) -> list[Stage]:
+        out: list[Stage] = []
+        for b, menu, c in zip(blocks, menus, ch):
+            i = 0
+            for t in menu[c]:
+                out.append((self.devs[b[0]].node, tuple(b[i:i + t])))
+                i += t
+        return out
 
     def _descend(self, blocks: list[list[int]], m: int, start: Sequence[int] | None = None,
                  rounds: int = 3) -> tuple[float, list[int], list[Stage]]:
         """Best TP split per block (menu indices): every combination when there are at most 256,
-        else coordinate descent from ``start`` or from the largest TP everywhere (the most memory
-        headroom)."""
-        devs = self.devs
-        menus = [tp_splits(len(b), _valid_tp(self.problem, len(b))) for b in blocks]
+        else coordinate descent from ``start``, or the better of two descents: from the largest TP
+        everywhere (the most memory headroom) and from the richest block alone (the others idle)."""
+        menus = self._menus(blocks)
 
         def build(ch: Sequence[int]) -> list[Stage]:
-            out: list[Stage] = []
-            for b, menu, c in zip(blocks, menus, ch):
-                i = 0
-                for t in menu[c]:
-                    out.append((devs[b[0]].node, tuple(b[i:i + t])))
-                    i += t
-            return out
+            return self._build(blocks, menus, ch)
 
         def score(ch: list[int]) -> float:
             r = self.layout(build(ch), m)
@@ -298,26 +325,37 @@ class _PipelineSolver:
                                                                                          for mu in menus))),
                               key=lambda sc: sc[0])
             return cur, choice, build(choice)
-        choice = list(start) if start is not None else [0] * len(blocks)
-        cur = score(choice)
-        for _ in range(rounds):
-            improved = False
-            for j, menu in enumerate(menus):
-                for c in range(len(menu)):
-                    if c == choice[j]:
-                        continue
-                    trial = [*choice[:j], c, *choice[j + 1:]]
-                    s = score(trial)
-                    if s < cur * (1 - 1e-12):
-                        cur, choice, improved = s, trial, True
-            if not improved:
-                break
-        return cur, choice, build(choice)
+        if start is not None:
+            starts = [list(start)]
+        elif len(blocks) > 8:                       # large pipelines: one start, fewer rounds
+            starts, rounds = [[0] * len(blocks)], min(rounds, 2)
+        else:   # all blocks at their largest TP; only the richest block (others idle), grown back by the descent
+            rich = max(range(len(blocks)), key=lambda j: (len(blocks[j]) * self.graph.nodes[blocks[j][0]]["memory_gib"],
+                                                          self.graph.nodes[blocks[j][0]]["tflops"], -j))
+            starts = [[0] * len(blocks), [0 if j == rich else len(menus[j]) - 1 for j in range(len(blocks))]]
+        best: tuple[float, list[int]] | None = None
+        for choice in starts:
+            cur = score(choice)
+            for _ in range(rounds):
+                improved = False
+                for j, menu in enumerate(menus):
+                    for c in range(len(menu)):
+                        if c == choice[j]:
+                            continue
+                        trial = [*choice[:j], c, *choice[j + 1:]]
+                        s = score(trial)
+                        if s < cur * (1 - 1e-12):
+                            cur, choice, improved = s, trial, True
+                if not improved:
+                    break
+            if best is None or cur < best[0]:
+                best = (cur, choice)
+        return best[0], best[1], build(best[1])
 
     def solve(self, gpus: Sequence[int], m: int) -> list[Stage] | None:
         """Best stage list (block order × TP split per machine block) for these GPUs at m micro-batches."""
         blocks = group_by_node(self.graph, gpus)
-        if len(blocks) > self.problem.model.layers:      # ≥ 1 stage per block, ≥ 1 layer per stage
+        if len(blocks) * min_stage_layers(self.problem) > self.problem.model.layers:   # ≥ 1 stage per block
             return None
         nodes = tuple(self.devs[b[0]].node for b in blocks)
         key = (nodes, tuple(len(b) for b in blocks), m)
@@ -325,11 +363,10 @@ class _PipelineSolver:
             hit = self._memo[key]
             if hit is None:
                 return None
-            order, stages = hit
-            ids = [g for i in order for g in blocks[i]]       # re-map the cached shape onto these GPUs
-            it = iter(ids)
-            return [(node, tuple(next(it) for _ in g)) for node, g in stages]
-        best: tuple[float, tuple[int, ...], list[Stage]] | None = None
+            order, choice = hit                               # re-apply the cached shape to these GPUs
+            ordered = [blocks[i] for i in order]
+            return self._build(ordered, self._menus(ordered), choice)
+        best: tuple[float, tuple[int, ...], list[int], list[Stage]] | None = None
         per_block: dict[int, int] | None = None          # menu choice per block, from the first order
         for order in self._orders_of(nodes):
             if per_block is None or len(blocks) <= 8:
@@ -338,19 +375,22 @@ class _PipelineSolver:
             else:                                        # many blocks: one round from the first choice
                 t, ch, stages = self._descend([blocks[i] for i in order], m, [per_block[i] for i in order], 1)
             if math.isfinite(t) and (best is None or t < best[0]):
-                best = (t, order, stages)
+                best = (t, order, ch, stages)
         self._memo[key] = None if best is None else (best[1], best[2])
-        return None if best is None else best[2]
+        return None if best is None else best[3]
 
 
 def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]]) -> Plan | None:
-    """Stages per pipeline, then alternate layer assignment and micro-batch allocation twice."""
+    """Stages per pipeline (a GPU group that cannot hold the model is left idle), then alternate
+    layer assignment and micro-batch allocation twice."""
     N = problem.training.num_micro_batches
     tflops = [sum(ps.graph.nodes[g]["tflops"] for g in grp) for grp in groups]
     m = [max(1, round(N * t / sum(tflops))) for t in tflops]
-    stages = [ps.solve(grp, mi) for grp, mi in zip(groups, m)]
-    if any(s is None for s in stages):
+    solved = [(ps.solve(grp, mi), mi) for grp, mi in zip(groups, m)]
+    kept = [(st, mi) for st, mi in solved if st is not None]   # a group that cannot hold the model stays idle
+    if not kept or len(kept) > N:
         return None
+    stages, m = [st for st, _ in kept], [mi for _, mi in kept]
     layouts = None
     for _ in range(2):
         layouts = [ps.layout(s, mi) for s, mi in zip(stages, m)]
@@ -395,9 +435,9 @@ def _max_mb(ps: _PipelineSolver, stages: list[Stage], counts: tuple[int, ...]) -
     return lo
 
 
-def _moves(plan: Plan):
+def _moves(plan: Plan) -> Iterator[list[PipelinePlan]]:
     """Neighbour plans: one layer across a stage boundary, or one micro-batch between pipelines."""
-    pipes = list(plan.pipelines)
+    pipes, lo = list(plan.pipelines), min_stage_layers(plan.problem)
     for p, pipe in enumerate(pipes):
         counts = [s.num_layers for s in pipe.stages]
         for k in range(len(counts) - 1):
@@ -405,7 +445,7 @@ def _moves(plan: Plan):
                 c = list(counts)
                 c[k] -= d
                 c[k + 1] += d
-                if min(c[k], c[k + 1]) >= 1:
+                if min(c[k], c[k + 1]) >= lo:
                     yield [*pipes[:p], _relayer(pipe, c), *pipes[p + 1:]]
     for p, q in itertools.permutations(range(len(pipes)), 2):
         if pipes[p].micro_batches > 1:
@@ -445,6 +485,18 @@ def polish(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: float | 
     return plan, ev
 
 
+def pipeline_counts(pmax: int) -> list[int]:
+    """Pipeline counts the outer search visits: every P ≤ 8, then steps of about 25 % up to ``pmax``.
+
+    >>> pipeline_counts(20)
+    [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 19, 20]
+    """
+    out = list(range(1, min(8, pmax) + 1))
+    while out[-1] < pmax:
+        out.append(min(pmax, max(out[-1] + 1, round(out[-1] * 1.25))))
+    return out
+
+
 def max_pipelines(problem: PlanProblem) -> int:
     """Upper bound on the pipeline count: micro-batches, GPUs, and total memory over model states."""
     cl, tr, model = problem.cluster, problem.training, problem.model
@@ -465,7 +517,7 @@ def memory_shortfall(problem: PlanProblem) -> str:
             f"{model.total_params / 1e9:.2f} B params) plus activations; the cluster has {have}")
 
 
-def _phase1(graph, P: int, seed: int):
+def _phase1(graph: nx.Graph, P: int, seed: int) -> Iterator[tuple[str, list[list[int]]]]:
     """Phase-1 candidates for P pipelines: vertical stripes over machine groups (every G dividing
     P: G groups of machines × P/G slices), and METIS on the whole device graph with reciprocal
     (the paper) and plain bandwidth weights."""
@@ -479,25 +531,34 @@ def _phase1(graph, P: int, seed: int):
 
 
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
-                   time_limit: float | None = None, tau: int = 3, patience: int = 4) -> SolveResult:
-    """Plan with the fixed HexiScale heuristic (see the module docstring); status FEASIBLE or INFEASIBLE.
+                   time_limit: float | None = None, tau: int = 3, patience: int = 4,
+                   seed_megatron: bool = True) -> SolveResult:
+    """Plan with the fixed HexiScale heuristic (see the module docstring).
+
+    Status FEASIBLE with a plan; INFEASIBLE when no candidate fits in memory (the reason gives the
+    model-state memory against the cluster's, per GPU type; a heuristic's "no plan" is not a
+    proof); TIMEOUT when ``time_limit`` ran out before any plan was found.
 
     ``seed`` is the METIS seed; the sweep itself is deterministic. The sweep over P stops after
     ``patience`` consecutive pipeline counts without improvement; ``time_limit`` stops it early (the
-    best plan so far is returned, ``params['truncated']`` says so).
+    best plan so far is returned, ``params['truncated']`` says so). With ``seed_megatron`` the best
+    uniform Megatron shape (:func:`~hexhelix.solver.megatron.plan_megatron`) is a candidate too, so
+    the result is never slower than that baseline (clusters up to 128 GPUs, where that enumeration
+    is cheap); ``params['winner']`` names the winning candidate.
     """
     t0 = time.perf_counter()
     table = StageCostTable(problem, profile)
     ps = _PipelineSolver(problem, table, tau)
     pmax = max_pipelines(problem)
-    best: tuple[float, Plan] | None = None
+    best: tuple[float, Plan, str] | None = None
     tried, seen, truncated, best_P = 0, set(), False, 0
-    for P in range(1, pmax + 1):
-        if best is not None and P - best_P > patience:
+    counts = pipeline_counts(pmax)
+    for i, P in enumerate(counts):
+        if best is not None and i - best_P > patience:
             break                                   # no improvement for ``patience`` pipeline counts
         for label, groups in _phase1(ps.graph, P, seed):
-            if time_limit is not None and time.perf_counter() - t0 > time_limit:
-                truncated = True
+            if time_limit is not None and tried and time.perf_counter() - t0 > time_limit:
+                truncated = True                    # (the first candidate is always tried)
                 break
             key = tuple(tuple(g) for g in groups)
             if key in seen:
@@ -510,9 +571,13 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
             ev = evaluate(plan, profile)
             logger.debug("hexiscale P=%d %s: %.4f s %s", P, label, ev.iteration_time_s, ev.violations)
             if ev.feasible and (best is None or ev.iteration_time_s < best[0]):
-                best, best_P = (ev.iteration_time_s, plan), P
+                best, best_P = (ev.iteration_time_s, plan, f"P={P} {label}"), i
         if truncated:
             break
+    if seed_megatron and not truncated and problem.cluster.num_gpus <= MEGATRON_SEED_MAX_GPUS:
+        meg = plan_megatron(problem, profile=profile)
+        if meg.plan is not None and (best is None or meg.iteration_time_s < best[0]):
+            best = (meg.iteration_time_s, meg.plan, "megatron shape")
     elapsed = time.perf_counter() - t0
     params = {"seed": seed, "tau": tau, "patience": patience, "time_limit": time_limit, "max_pipelines": pmax,
               "candidates_tried": tried, "truncated": truncated}
@@ -525,8 +590,10 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     plan = Plan(problem=problem, pipelines=best[1].pipelines,
                 meta={"solver": "hexiscale", "seed": seed, "tau": tau})
     before = best[0]
-    plan, ev = polish(plan, profile, deadline=None if time_limit is None else t0 + time_limit)
-    params["before_polish_s"] = before
+    # polish: bounded by the time limit, or by POLISH_S seconds without one
+    plan, ev = polish(plan, profile, deadline=t0 + time_limit if time_limit is not None
+                      else time.perf_counter() + POLISH_S)
+    params.update({"before_polish_s": before, "winner": best[2]})
     elapsed = time.perf_counter() - t0
     return SolveResult(solver="hexiscale", status=SolveStatus.FEASIBLE, plan=plan, evaluation=ev,
                        objective_s=ev.iteration_time_s, bound_s=None, solve_time_s=elapsed, params=params)

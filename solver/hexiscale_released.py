@@ -26,7 +26,10 @@ zero weights segfault, §3.5); sequence length, dtype, batch sizes come from the
 the hard-coded 4096/fp16; menu TP degrees that do not divide the head count are skipped (the
 released runtime requires it); stages left with zero layers by the memory-proportional rule are
 dropped (their GPUs idle); when P does not divide the micro-batch count the first pipelines get
-one extra micro-batch.
+one extra micro-batch; the micro-batch size is the problem's (the released per-pipeline size
+GLB_MB/P and its stale value, Q6, have no counterpart in a hexhelix plan, whose pipelines share one
+micro-batch size); the walk starts at P = 2 clipped to its bounds (the released ``--npipeline``
+is a user flag).
 
 Status: FEASIBLE when hexhelix's evaluator finds the plan within memory; otherwise the plan and its
 evaluation are still returned with status INFEASIBLE and the reason
@@ -42,7 +45,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.errors import InvalidInputError, UnsupportedError
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
@@ -255,8 +258,13 @@ def plan_hexiscale_released(problem: PlanProblem, *, seed: int = 0, profile: Pro
             lo_l += c
         out.append(PipelinePlan(stages=tuple(sts), micro_batches=N // P + (1 if p < N % P else 0)))
     plan = Plan(problem=problem, pipelines=tuple(out), meta={"solver": "hexiscale-released", "seed": seed})
-    ev = evaluate(plan, profile)
     params["released_iteration_time_s"] = t_rel
+    try:
+        ev = evaluate(plan, profile)
+    except UnsupportedError as err:                 # e.g. a 1-layer stage under W-shape folding
+        return SolveResult(solver="hexiscale-released", status=SolveStatus.ERROR, plan=plan, evaluation=None,
+                           objective_s=t_rel, solve_time_s=elapsed, params=params,
+                           reason=f"the released planner's plan cannot run with schedule {problem.schedule}: {err}")
     if not ev.feasible:
         extra = f" (+{len(ev.violations) - 1} more)" if len(ev.violations) > 1 else ""
         return SolveResult(solver="hexiscale-released", status=SolveStatus.INFEASIBLE, plan=plan, evaluation=ev,

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.errors import InvalidInputError, UnsupportedError
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
@@ -112,7 +112,10 @@ def plan_megatron(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEF
                     continue
                 tried += 1
                 plan = megatron_plan(problem, *shape, nodes=used)
-                ev = evaluate(plan, profile)
+                try:
+                    ev = evaluate(plan, profile)
+                except UnsupportedError:        # e.g. W-shape folding needs >= 2 layers per stage
+                    continue
                 if _fits_smallest(ev, smallest) and (best is None or ev.iteration_time_s < best[0]):
                     best = (ev.iteration_time_s, plan, ev, shape)
             if best is not None:

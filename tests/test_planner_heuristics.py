@@ -8,10 +8,9 @@ import math
 import random
 
 import pytest
-
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
-from hexhelix.ir.plan import PlanProblem
+from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.hexiscale import (
     StageCostTable,
@@ -33,12 +32,18 @@ from hexhelix.solver.partition import (
     coarsen,
     edge_weight,
     group_by_node,
+    grouped_stripes,
     partition_pipelines,
     split_pipeline,
     stripe_pipelines,
 )
 from hexhelix.solver.result import SolveStatus
-from hexhelix.solver.stage_order import best_stage_order, path_score, released_stage_order, top_tau_paths
+from hexhelix.solver.stage_order import (
+    best_stage_order,
+    path_score,
+    released_stage_order,
+    top_tau_paths,
+)
 
 SMALL_TRAIN = TrainingConfig(global_batch=16, micro_batch=1, seq_len=1024)
 
@@ -115,9 +120,9 @@ def test_top_tau_path_maximises_bandwidth_and_released_quirks():
 
 
 # ----------------------------------------------------------------------------- assignment
-def _brute_layers(a, b, caps, L, m):
+def _brute_layers(a, b, caps, L, m, lo=1):
     best = None
-    for c in itertools.product(*(range(1, cap + 1) for cap in caps)):
+    for c in itertools.product(*(range(lo, cap + 1) for cap in caps)):
         if sum(c) != L:
             continue
         u = [n * x + y for n, x, y in zip(c, a, b)]
@@ -134,13 +139,14 @@ def test_assign_layers_is_exact_against_brute_force():
         a = [rng.uniform(0.5, 3.0) for _ in range(K)]
         b = [rng.uniform(0.0, 2.0) for _ in range(K)]
         caps = [rng.randint(1, L) for _ in range(K)]
-        got = assign_layers(a, b, caps, L, m)
-        want = _brute_layers(a, b, caps, L, m)
+        lo = rng.choice([1, 2])                             # 2: W-shape folding
+        got = assign_layers(a, b, caps, L, m, lo)
+        want = _brute_layers(a, b, caps, L, m, lo)
         if want is None:
             assert got is None
         else:
             counts, t = got
-            assert sum(counts) == L and all(1 <= c <= cap for c, cap in zip(counts, caps))
+            assert sum(counts) == L and all(lo <= c <= cap for c, cap in zip(counts, caps))
             assert t == pytest.approx(want)
 
 
@@ -185,7 +191,8 @@ def test_stage_probe_matches_evaluator(examples_dir):
 # ----------------------------------------------------------------------------- planners
 CASES = [("small-mixed", "tiny", "1f1b"), ("small-mixed", "llama2-7b", "1f1b"),
          ("mixed-a100-a40-t4", "llama2-7b", "1f1b"), ("small-mixed", "llama2-7b", "gpipe"),
-         ("hexiscale-het2", "llama2-13b", "1f1b")]
+         ("hexiscale-het2", "llama2-13b", "1f1b"), ("small-mixed", "tiny", "wshape"),
+         ("mixed-a100-a40-t4", "llama2-7b", "wshape")]
 
 
 @pytest.mark.parametrize(("cluster", "model", "schedule"), CASES)
@@ -200,6 +207,8 @@ def test_hexiscale_plans_are_valid_and_feasible(examples_dir, cluster, model, sc
     assert res.objective_s == pytest.approx(ev.iteration_time_s)
     assert sum(p.micro_batches for p in plan.pipelines) == pr.training.num_micro_batches
     assert res.params["seed"] == 0
+    if schedule == "wshape":
+        assert min(s.num_layers for p in plan.pipelines for s in p.stages) >= 2
 
 
 def test_hexiscale_is_deterministic_and_seeded(examples_dir):
@@ -211,14 +220,20 @@ def test_hexiscale_is_deterministic_and_seeded(examples_dir):
 
 
 def test_hexiscale_splits_batch_by_throughput(examples_dir):
-    """Two unequal pipelines must not get equal micro-batch counts (the released defect)."""
-    cl = Cluster.from_dict({"inter_GBps": 5, "nodes": [{"name": "a", "gpu": "A100-SXM4-80GB", "count": 2},
-                                                      {"name": "t", "gpu": "T4", "count": 2}]})
-    pr = PlanProblem(cluster=cl, model=PRESETS["tiny"], training=TrainingConfig(global_batch=32, seq_len=512))
-    res = plan_hexiscale(pr)
-    ms = [p.micro_batches for p in res.plan.pipelines]
-    assert sum(ms) == 32 and len(ms) > 1
-    assert len(set(ms)) > 1
+    """Unequal pipelines get unequal micro-batch counts (the released planner splits equally), and no
+    single micro-batch moved between pipelines shortens the slowest one."""
+    pr = _problem(examples_dir, "hexiscale-het2", training=TrainingConfig(global_batch=64, seq_len=4096))
+    plan = plan_hexiscale(pr).plan
+    ms = [p.micro_batches for p in plan.pipelines]
+    assert sum(ms) == 64 and len(ms) > 1 and len(set(ms)) > 1
+    slowest = max(evaluate(plan).pipeline_times_s)
+    for p, q in itertools.permutations(range(len(ms)), 2):
+        if ms[p] > 1:
+            pipes = list(plan.pipelines)
+            pipes[p] = PipelinePlan(stages=pipes[p].stages, micro_batches=ms[p] - 1)
+            pipes[q] = PipelinePlan(stages=pipes[q].stages, micro_batches=ms[q] + 1)
+            moved = Plan(problem=pr, pipelines=tuple(pipes))
+            assert max(evaluate(moved).pipeline_times_s) >= slowest * (1 - 1e-12)
 
 
 def test_one_gpu_cluster_and_no_fit(examples_dir):
@@ -233,6 +248,33 @@ def test_one_gpu_cluster_and_no_fit(examples_dir):
     res = plan_hexiscale(big)
     assert res.status is SolveStatus.INFEASIBLE and res.plan is None
     assert "GiB" in res.reason and "T4" in res.reason
+
+
+def test_time_limit_truncates_the_sweep(examples_dir):
+    pr = _problem(examples_dir, "mixed-a100-a40-t4")
+    res = plan_hexiscale(pr, time_limit=0.0)
+    assert res.params["truncated"] and res.params["candidates_tried"] >= 1
+    assert res.status in (SolveStatus.FEASIBLE, SolveStatus.TIMEOUT)
+    if res.plan is not None:
+        assert evaluate(res.plan).feasible
+
+
+def test_grouped_stripes_bound_machines_per_pipeline():
+    cl = Cluster.from_dict({"inter_GBps": 5, "nodes": [{"name": f"n{i}", "gpu": "RTX4090", "count": 8}
+                                                      for i in range(6)]})
+    g = cl.device_graph()
+    node = {d.id: d.node for d in cl.devices()}
+    parts = grouped_stripes(g, 3, 2)
+    assert len(parts) == 6 and sorted(itertools.chain(*parts)) == list(range(48))
+    assert all(len({node[x] for x in p}) == 2 and len(p) == 8 for p in parts)
+
+
+def test_megatron_leaves_out_small_gpus_when_nothing_fits(examples_dir):
+    pr = _problem(examples_dir, "small-mixed", training=TrainingConfig(global_batch=16, seq_len=4096))
+    res = plan_megatron(pr)
+    assert res.status is SolveStatus.FEASIBLE
+    assert res.params["gpus_used"] < pr.cluster.num_gpus and "T4" in res.reason
+    assert all(pr.cluster.nodes[s.node].gpu != "T4" for p in res.plan.pipelines for s in p.stages)
 
 
 def test_megatron_picks_uniform_shapes(examples_dir):
