@@ -116,7 +116,10 @@ def solve_lattice(table: CostTable, options: dict[str, Any] | None = None) -> di
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=msg, timeLimit=tl)
     elif backend == "highs":
-        solver = pulp.HiGHS(msg=msg, timeLimit=tl)
+        # threads=1 like the planner's MILP (solver/milp_plan.py): HiGHS keeps one global thread
+        # scheduler per process, and a later solve asking for a different thread count fails
+        # with kError (seen when a pairing solve preceded a planner solve in one process).
+        solver = pulp.HiGHS(msg=msg, timeLimit=tl, threads=1)
     else:
         raise InvalidInputError(f"must be 'cbc' or 'highs', got {backend!r}", field="options.backend")
     prob.solve(solver)

@@ -315,3 +315,21 @@ def test_cpsat_strictly_beats_barriers_where_they_waste_time(seed: int) -> None:
     assert cp.status is SolveStatus.OPTIMAL
     assert cp.makespan_s < dp.makespan_s * (1 - 0.02)
     assert cp.bound_s <= cp.makespan_s
+
+
+def test_highs_lattice_then_highs_planner_in_one_process() -> None:
+    """HiGHS keeps one global thread scheduler per process: a pairing solve and a planner solve
+    must ask for the same thread count, or the second run fails with kError (regression)."""
+    import sys
+    from pathlib import Path
+
+    from hexhelix.solver.result import SolveStatus
+    from hexhelix.solver.solve import solve
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_planner_exact import problem
+
+    table = random_table(random.Random(5), 4, 4)
+    assert solve_lattice(table, {"backend": "highs"})["status"] is SolveStatus.OPTIMAL
+    res = solve(problem("memory-bound"), "milp", options={"backend": "highs", "time_limit": 60})
+    assert res.status is SolveStatus.OPTIMAL
