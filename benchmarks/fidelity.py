@@ -18,6 +18,10 @@ Definitions
   a PAIR's halves on two threads).
 * measured time: per step, the slowest rank's wall time of ``Executor.run_step`` started after a
   barrier; median over the timed steps (after warm-up); spread = min..max over those steps.
+* busy vs CPU time (per rank): the simulator's compute-stream busy time against the rank's process
+  CPU time in the step (median). CPU time barely moves when other jobs share the cores, so this
+  column checks the compute estimates even when wall times are disturbed (it also counts the CPU
+  that communication and the runtime's Python take).
 * predicted memory (per rank): model states (16 B/param ÷ TP: fp32 weights, grads, Adam m and v)
   + the simulator's peak of live activations and receive buffers — the cost model's terms without
   the runtime reserve.
@@ -27,7 +31,8 @@ Definitions
   (weights, grads, Adam state). glibc is told to serve every allocation ≥ 64 KiB with its own
   mapping (``MALLOC_MMAP_THRESHOLD_``) so freed tensors leave the resident set at once. What
   remains is the tensor memory of the step: states, saved activations, autograd and optimizer
-  temporaries, communication buffers.
+  temporaries, communication buffers. Memory is measured in a second launch of the program (1
+  warm-up + 2 steps): the per-tensor mappings cost page faults that slow a step several-fold.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ OVERSUBSCRIBED = "ranks > cores"
 
 # name -> (pipelines as [[(gpus, (lo, hi)), ...], ...], micro-batches per pipeline, schedule, micro-batch size)
 CASES: dict[str, tuple[list[list[tuple[tuple[int, ...], tuple[int, int]]]], list[int], str, int]] = {
+    "single-m8": ([[((0,), (0, 8))]], [8], "1f1b", 1),
     "gpipe-2x4/4-m8": ([[((0,), (0, 4)), ((1,), (4, 8))]], [8], "gpipe", 1),
     "1f1b-2x4/4-m8": ([[((0,), (0, 4)), ((1,), (4, 8))]], [8], "1f1b", 1),
     "1f1b-2x6/2-m8": ([[((0,), (0, 6)), ((1,), (6, 8))]], [8], "1f1b", 1),
@@ -64,6 +70,7 @@ CASES: dict[str, tuple[list[list[tuple[tuple[int, ...], tuple[int, int]]]], list
     "two-pipes-3r": ([[((0,), (0, 4)), ((1,), (4, 8))], [((2,), (0, 8))]], [5, 3], "1f1b", 1),
 }
 QUICK = ("1f1b-2x4/4-m8", "dp2-4+4")
+MEMORY_STEPS = 2
 
 
 # ----------------------------------------------------------------------------- planning side
@@ -118,7 +125,7 @@ def predict(program, profile) -> dict[str, Any]:
 
     res = simulate(program, SimOptions(record=False, reserve_bytes=0,
                                        pair_oef=profile.overlap("gemm", "gemm")))
-    return {"time_s": res.makespan_s,
+    return {"time_s": res.makespan_s, "busy_s": [r.busy_s for r in res.ranks],
             "mem_bytes": [r.state_bytes + r.peak_activation_bytes for r in res.ranks]}
 
 
@@ -142,7 +149,10 @@ def _state_bytes(ex: Any) -> int:
     return n
 
 
-def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, steps: int, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, steps: int, out: str,
+               mode: str) -> None:
+    """One rank: ``mode`` "time" runs timed steps (wall and CPU time); "memory" runs steps under
+    per-tensor mappings (set through the environment by the parent) and records peak memory."""
     from datetime import timedelta
 
     import torch
@@ -160,7 +170,7 @@ def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, st
     create_groups(ctx)
     dist.barrier()
     ex = Executor(ctx, RunOptions(seed=0, dataset="synthetic"))
-    times, peaks = [], []
+    times, cpu, peaks = [], [], []
     for step in range(warmup + steps):
         dist.barrier()
         # Resident bytes that are not tensors (code pages faulted in by the first steps, the
@@ -168,33 +178,74 @@ def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, st
         overhead = _status("VmRSS:") - _state_bytes(ex)
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         ex.run_step(step)
-        t = time.perf_counter() - t0
+        t, c = time.perf_counter() - t0, time.process_time() - c0
         if step >= warmup:
             times.append(t)
+            cpu.append(c)
             peaks.append(_status("VmHWM:") - overhead)
     ex.close()
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"times": t.tolist(), "peak": max(peaks)}))
+    result = {"times": t.tolist(), "cpu": statistics.median(cpu)} if mode == "time" else {"peak": max(peaks)}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def measure_program(program, warmup: int, steps: int) -> dict[str, Any]:
+def _launch(program, warmup: int, steps: int, mode: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Spawn the program's ranks once; retry once if a rank dies before writing its result."""
     import torch.multiprocessing as mp
     from hexhelix.runtime.profiler_comm import free_port
 
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # read by glibc in each spawned rank
-    with tempfile.TemporaryDirectory(prefix="hexhelix-fid-") as tmp:
-        prog = Path(tmp, "program.json")
-        prog.write_text(program.to_json())
-        mp.start_processes(_rank_main, args=(program.world_size, free_port(), str(prog), warmup, steps, tmp),
-                           nprocs=program.world_size, start_method="spawn", join=True)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(program.world_size)]
-    times = ranks[0]["times"]
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as torchrun sets them
+    if mode == "memory":  # glibc reads it at start: every allocation >= 64 KiB gets its own mapping
+        env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
+    saved = {k: os.environ.get(k) for k in (*env, "MALLOC_MMAP_THRESHOLD_")}
+    os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+    os.environ.update(env)
+    try:
+        for attempt in range(2):
+            with tempfile.TemporaryDirectory(prefix="hexhelix-fid-") as tmp:
+                prog = Path(tmp, "program.json")
+                prog.write_text(program.to_json())
+                ctx = mp.start_processes(_rank_main, nprocs=program.world_size, start_method="spawn", join=False,
+                                         args=(program.world_size, free_port(), str(prog), warmup, steps, tmp, mode))
+                deadline = time.monotonic() + timeout_s
+                try:
+                    while not ctx.join(timeout=1.0):
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"no result within {timeout_s:.0f} s")
+                except (mp.ProcessRaisedException, mp.ProcessExitedException, TimeoutError) as err:
+                    # A rank that dies in teardown after writing its result still measured the step.
+                    print(f"  rank failure (attempt {attempt + 1}): {str(err).strip().splitlines()[-1]}",
+                          file=sys.stderr, flush=True)
+                finally:
+                    for p in ctx.processes:
+                        if p.is_alive():
+                            p.terminate()
+                files = [Path(tmp, f"rank{r}.json") for r in range(program.world_size)]
+                if all(f.exists() for f in files):
+                    return [json.loads(f.read_text()) for f in files]
+        raise RuntimeError("the runtime failed twice on this program")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def measure_program(program, warmup: int, steps: int, timeout_s: float = 300.0,
+                    memory: list[int] | None = None) -> dict[str, Any]:
+    """Timed steps in one launch, memory steps in another (per-tensor mappings cost page faults
+    that would slow the timed steps several-fold); ``memory`` reuses an earlier round's peaks."""
+    timed = _launch(program, warmup, steps, "time", timeout_s)
+    if memory is None:
+        memory = [r["peak"] for r in _launch(program, 1, MEMORY_STEPS, "memory", timeout_s)]
+    times = timed[0]["times"]
     return {"time_s": statistics.median(times), "time_min": min(times), "time_max": max(times),
-            "mem_bytes": [r["peak"] for r in ranks]}
+            "mem_bytes": memory, "cpu_s": [r["cpu"] for r in timed]}
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -237,35 +288,60 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     mem = [ape(p, m) for r in rows for p, m in zip(r["pred"]["mem_bytes"], r["meas"]["mem_bytes"])]
     best_p = min(range(len(rows)), key=lambda i: pt[i])
     best_m = min(range(len(rows)), key=lambda i: mt[i])
+    busy = [ape(p, m) for r in rows for p, m in zip(r["pred"]["busy_s"], r["meas"]["cpu_s"])]
     return {"n": len(rows), "time_mape": statistics.fmean(ape(p, m) for p, m in zip(pt, mt)),
+            "busy_mape": statistics.fmean(busy),
             "time_spearman": spearman(pt, mt), "best_pred": rows[best_p]["name"],
             "best_meas": rows[best_m]["name"], "mem_mape": statistics.fmean(mem)}
 
 
 # ----------------------------------------------------------------------------- report
-def render(rows: list[dict[str, Any]], rounds: list[dict[str, Any]], profile_path: str, cmd: str,
+def render(rows: list[dict[str, Any]], rounds: list[dict[str, Any]], profile, profile_path: str, cmd: str,
            cores: int) -> str:
+    loads = [x for rd in rounds for r in rd["rows"] for x in r["meas"]["load"]]
+    earlier = {r["name"]: [rd["rows"][i]["meas"]["time_s"] for rd in rounds[:-1]] for i, r in enumerate(rows)}
     lines = [f"Command: `{cmd}` — profile `{profile_path}`; {cores} CPU cores; model fid-small "
-             f"(8 layers, h 256, 8 heads, ffn 704), global batch {GLOBAL_BATCH} x {SEQ} tokens, fp32, gloo.", "",
-             "| plan | ranks | pred. step | measured step (min..max) | time err | pred. mem/rank MiB | "
-             "measured mem/rank MiB | mem err |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"(8 layers, h 256, 8 heads, ffn 704), global batch {GLOBAL_BATCH} x {SEQ} tokens, fp32, gloo; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; 1-minute load average during the cases "
+             f"{min(loads):.1f}..{max(loads):.1f} (other jobs shared the cores).", "",
+             f"Per-plan rows are the last of {len(rounds)} round(s); *earlier rounds* lists the other rounds' "
+             "measured medians.", "",
+             "| plan | ranks | pred. step | measured step (min..max) | earlier rounds | time err | pred. busy/rank | "
+             "CPU time/rank | pred. mem/rank MiB | measured mem/rank MiB | mem err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, m = r["pred"], r["meas"]
         pm = "/".join(f"{x / 2**20:.1f}" for x in p["mem_bytes"])
         mm = "/".join(f"{x / 2**20:.1f}" for x in m["mem_bytes"])
         me = statistics.fmean(ape(a, b) for a, b in zip(p["mem_bytes"], m["mem_bytes"]))
         flag = f" ({OVERSUBSCRIBED})" if r["world"] > cores else ""
+        pb = "/".join(f"{x * 1e3:.0f}" for x in p["busy_s"])
+        mb = "/".join(f"{x * 1e3:.0f}" for x in m["cpu_s"])
         lines.append(f"| {r['name']}{flag} | {r['world']} | {p['time_s'] * 1e3:.1f} ms | {m['time_s'] * 1e3:.1f} ms "
-                     f"({m['time_min'] * 1e3:.1f}..{m['time_max'] * 1e3:.1f}) | {ape(p['time_s'], m['time_s']):.1%} "
-                     f"| {pm} | {mm} | {me:.1%} |")
-    lines += ["", "| subset | plans | time MAPE | Spearman (time) | best predicted | best measured | memory MAPE |",
-              "|---|---|---|---|---|---|---|"]
+                     f"({m['time_min'] * 1e3:.1f}..{m['time_max'] * 1e3:.1f}) | "
+                     f"{' / '.join(f'{x * 1e3:.1f}' for x in earlier[r['name']]) or '—'} | {ape(p['time_s'], m['time_s']):.1%} "
+                     f"| {pb} ms | {mb} ms | {pm} | {mm} | {me:.1%} |")
+    lines += ["", "| subset | plans | time MAPE | Spearman (time) | best predicted | best measured | busy vs CPU MAPE "
+              "| memory MAPE |", "|---|---|---|---|---|---|---|---|"]
     for rd in rounds:
         for label, s in rd["summaries"].items():
             lines.append(f"| round {rd['round']}: {label} | {s['n']} | {s['time_mape']:.1%} | {s['time_spearman']:.2f} "
-                         f"| {s['best_pred']} | {s['best_meas']} | {s['mem_mape']:.1%} |")
+                         f"| {s['best_pred']} | {s['best_meas']} | {s['busy_mape']:.1%} | {s['mem_mape']:.1%} |")
+    lines += ["", activation_note(profile)]
     return "\n".join(lines) + "\n"
+
+
+def activation_note(profile) -> str:
+    """The cost model's activation bytes per layer and micro-batch against what autograd saved in
+    the profiler's one-layer run (a diagnostic the profile carries in its meta)."""
+    from hexhelix.solver.cost import activation_bytes_per_layer
+
+    saved = profile.meta.get("saved_activation_bytes_per_layer", {})
+    parts = [f"TP {tp}: formula {activation_bytes_per_layer(_model(), _training(1), int(tp)) / 2**20:.2f} MiB, "
+             f"autograd saved {b / 2**20:.2f} MiB" for tp, b in sorted(saved.items())]
+    return ("Activation bytes per layer and micro-batch (b 1): " + "; ".join(parts) + ". The formula "
+            "(Korthikanti et al., no recompute) keeps the attention scores (5·a·s²·b); the runtime's SDPA "
+            "does not, so plans that hold many micro-batches (GPipe) are over-predicted.") if parts else ""
 
 
 def write_readme(text: str) -> None:
@@ -310,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
             prog = programs[n]
             pred = predict(prog, profile)
             print(f"fidelity: round {rd}: {n} on {prog.world_size} ranks ...", file=sys.stderr, flush=True)
-            meas = measure_program(prog, warmup, steps)
+            load0 = os.getloadavg()[0]
+            mem = rounds[0]["rows"][len(rows)]["meas"]["mem_bytes"] if rounds else None  # deterministic
+            meas = measure_program(prog, warmup, steps, memory=mem)
+            meas["load"] = (load0, os.getloadavg()[0])
             rows.append({"name": n, "world": prog.world_size, "pred": pred, "meas": meas})
             print(f"  predicted {pred['time_s'] * 1e3:.1f} ms, measured {meas['time_s'] * 1e3:.1f} ms "
                   f"({meas['time_min'] * 1e3:.1f}..{meas['time_max'] * 1e3:.1f})", file=sys.stderr, flush=True)
@@ -320,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             summaries[f"plans with ranks <= {cores} cores"] = summarize(fit)
         rounds.append({"round": rd, "rows": rows, "summaries": summaries})
     cmd = "python benchmarks/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(rows, rounds, os.path.relpath(ppath, ROOT), cmd.strip(), cores)
+    text = render(rows, rounds, profile, os.path.relpath(ppath, ROOT), cmd.strip(), cores)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x

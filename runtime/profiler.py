@@ -10,10 +10,14 @@ What is measured (each a median over ``repeats`` after ``warmup`` runs):
   degree), as the equivalent torch kernel; the efficiency of an op class is the graph's own work
   (FLOPs for GEMM/attention, bytes for norm/elementwise) divided by peak × measured time, summed
   over the class, so the cost model's ``op.flops / (peak × eff)`` reproduces the measured sum;
+* one whole layer forward+backward through autograd at the same sizes: its ratio to the sum of
+  the layer's isolated kernels (autograd bookkeeping, launches, cold caches) is folded into the
+  efficiencies (:func:`calibrate`);
 * collectives and point-to-point messages over gloo/NCCL (:mod:`.profiler_comm`), fitted to the
   cost model's α–β form, and the overlap factor (OEF, DHelix Eq. 1) of each compute class with
-  each communication class; compute with compute is measured with two threads (CPU) or two CUDA
-  streams; on a single GPU communication is stood in for by a copy on a second stream.
+  each communication class; compute with compute is measured with two CUDA streams, or on a CPU
+  with two threads per rank while two ranks run (a rank's device is its core); on a single GPU
+  communication is stood in for by a copy on a second stream.
 
 The runtime may not import the solver, so the cost model's ring step count and ring factor reach
 :func:`calibrate` as arguments (the CLI passes ``hexhelix.solver.cost``'s functions).
@@ -28,7 +32,7 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hexhelix.ir.errors import InvalidInputError
@@ -36,22 +40,15 @@ from hexhelix.ir.model import ModelConfig, TrainingConfig
 from hexhelix.ir.opgraph import OpClass, build_layer_graph
 from hexhelix.ir.profile import Profile
 
-from .profiler_comm import (
-    COLLECTIVES,
-    CommSpec,
-    fit_alpha_beta,
-    group_fit_rows,
-    oef,
-    run_comm_profile,
-)
-from .profiler_kernels import layer_kernels, make_kernel, make_layer_step
+from .profiler_calibrate import COMPUTE_CLASSES, Measurements, StepsFn, calibrate, local_cluster
+from .profiler_comm import COLLECTIVES, CommSpec, oef, run_comm_profile
+from .profiler_kernels import layer_kernels, layer_saved_bytes, make_kernel, make_layer_step
 
 __all__ = ["Measurements", "ProfileOptions", "calibrate", "local_cluster", "measure", "profile_machine",
            "time_fn"]
 
 logger = logging.getLogger(__name__)
 Progress = Callable[[str], None]
-_COMPUTE_CLASSES = ("gemm", "attention", "norm", "elementwise")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +63,7 @@ class ProfileOptions:
     quick: bool = False
     warmup: int = 3
     repeats: int = 9
-    threads: int = 1          # torch threads per rank: 1 is what torchrun gives each rank (OMP_NUM_THREADS=1); 0 keeps torch's default
+    threads: int = 1  # torch threads per rank, 1 as torchrun sets (OMP_NUM_THREADS=1); 0: torch's default
     gpu_type: str | None = None
     seed: int = 0
     timeout_s: float = 300.0
@@ -86,6 +83,12 @@ class ProfileOptions:
         return self.backend == "nccl"
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """Compute kernels on a CPU with one thread are timed by the thread's CPU clock (immune to
+        other jobs sharing the cores); everything else by wall time."""
+        return time.thread_time if not self.cuda and self.threads == 1 else time.perf_counter
+
+    @property
     def dtype(self) -> str:
         """Compute dtype of the kernels: bf16 on CUDA, fp32 on CPU (what the runtime uses there)."""
         return "bf16" if self.cuda else "fp32"
@@ -93,49 +96,35 @@ class ProfileOptions:
 
 # ----------------------------------------------------------------------------- timing
 def time_fn(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None] | None = None,
-            min_run_s: float = 2e-3) -> float:
+            min_run_s: float = 2e-3, clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds of one call of ``fn``.
 
     Calls are batched so one timed run lasts at least ``min_run_s`` (a 5 µs kernel is timed as
     a few hundred back-to-back calls, not against the timer's resolution); ``sync`` (e.g.
-    ``torch.cuda.synchronize``) closes every timed run.
+    ``torch.cuda.synchronize``) closes every timed run. ``clock`` is wall time by default;
+    single-threaded CPU kernels pass ``time.thread_time`` so that other jobs on the cores do not
+    inflate the result (the CPU analogue of timing a GPU kernel with CUDA events).
     """
     sync = sync or (lambda: None)
     fn()
     sync()
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     sync()
-    one = max(time.perf_counter() - t0, 1e-7)
+    one = max(clock() - t0, 1e-7)
     inner = max(1, min(10_000, math.ceil(min_run_s / one)))
     samples: list[float] = []
     for i in range(warmup + repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
         sync()
         if i >= warmup:
-            samples.append((time.perf_counter() - t0) / inner)
+            samples.append((clock() - t0) / inner)
     return float(statistics.median(samples))
 
 
 # ----------------------------------------------------------------------------- compute side
-@dataclass(slots=True)
-class Measurements:
-    """Raw measurements; :func:`calibrate` turns them into a Profile."""
-
-    device: str
-    gpu_type: str
-    backend: str
-    peak_flops: float = 0.0
-    mem_Bps: float = 0.0
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    comm: dict[str, Any] = field(default_factory=dict)
-    oef: dict[str, dict[str, float]] = field(default_factory=dict)
-    reserve_bytes: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
 def _device_names(opts: ProfileOptions) -> tuple[str, str]:
     """(human description, GPU-type name for the cluster file)."""
     import torch
@@ -181,33 +170,45 @@ def measure_compute(opts: ProfileOptions, progress: Progress) -> Measurements:
     sync = torch.cuda.synchronize if opts.cuda else None
     m = Measurements(device=desc, gpu_type=gtype, backend=opts.backend)
     w, r = (1, 3) if opts.quick else (opts.warmup, opts.repeats)
+    clk = opts.clock
     sizes = ((256, 512) if opts.quick else (512, 1024, 2048)) if not opts.cuda else (
         (2048, 4096) if opts.quick else (4096, 8192))
     for n in sizes:
         progress(f"profile: peak GEMM {n}x{n}x{n} ({opts.dtype})")
         t = time_fn(make_kernel(("gemm", n, n, n, "nn"), device, opts.dtype, seed=opts.seed),
-                    warmup=w, repeats=r, sync=sync)
+                    warmup=w, repeats=r, sync=sync, clock=clk)
         m.peak_flops = max(m.peak_flops, 2.0 * n**3 / t)
     nbytes = (64 if opts.quick else 256) * 2**20 * (4 if opts.cuda else 1)  # well beyond caches
     progress(f"profile: memory bandwidth (copy of {nbytes / 2**20:.0f} MiB)")
-    t = time_fn(make_kernel(("copy", nbytes), device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync)
+    t = time_fn(make_kernel(("copy", nbytes), device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync, clock=clk)
     m.mem_Bps = 2.0 * nbytes / t  # read + write
     overhead: dict[int, float] = {}
+    saved: dict[int, int] = {}
     for tp in opts.tp_degrees:
         kernels = layer_kernels(opts.model, opts.training, tp)
         progress(f"profile: {len(kernels)} compute ops of {opts.model.name} at TP {tp}")
         layer_s, layer_ops = 0.0, {o.name for o in build_layer_graph(opts.model, opts.training, tp).ops}
         for op, spec in kernels:
-            t = time_fn(make_kernel(spec, device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync)
+            t = time_fn(make_kernel(spec, device, opts.dtype, seed=opts.seed), warmup=w, repeats=r, sync=sync, clock=clk)
             m.ops.append({"tp": tp, "name": op.name, "class": op.op_class.value, "flops": op.flops,
                           "mem_bytes": op.mem_bytes, "seconds": t})
             layer_s += t if op.name in layer_ops else 0.0
         progress(f"profile: one layer forward+backward through autograd at TP {tp}")
         t = time_fn(make_layer_step(opts.model, opts.training, tp, device, opts.dtype, seed=opts.seed),
-                    warmup=w, repeats=r, sync=sync)
+                    warmup=w, repeats=r, sync=sync, clock=clk)
         overhead[tp] = t / layer_s
+        saved[tp] = layer_saved_bytes(opts.model, opts.training, tp, device, opts.dtype, seed=opts.seed)
     m.meta["layer_overhead"] = overhead
+    # Diagnostic (the cost model keeps Korthikanti's formula): bytes autograd saves per layer and
+    # micro-batch, to compare with activation_bytes_per_layer.
+    m.meta["saved_activation_bytes_per_layer"] = saved
+    # The peak is the best GEMM rate seen, square or at the plan's shapes (so no GEMM efficiency
+    # exceeds 1 because the square runs met a busier moment of a shared machine).
+    best = max((o["flops"] / o["seconds"] for o in m.ops if o["class"] == "gemm"), default=0.0)
+    m.meta["square_gemm_peak_tflops"] = m.peak_flops / 1e12
+    m.peak_flops = max(m.peak_flops, best)
     m.meta["compute_dtype"] = opts.dtype
+    m.meta["compute_clock"] = "thread CPU time" if clk is time.thread_time else "wall time"
     m.meta["torch_threads"] = torch.get_num_threads()
     return m
 
@@ -219,9 +220,9 @@ def _pick_oef_kernels(opts: ProfileOptions) -> tuple[tuple[str, tuple], ...]:
     for op, spec in layer_kernels(opts.model, opts.training, tp):
         cls = op.op_class.value
         work = op.flops if op.op_class in (OpClass.GEMM, OpClass.ATTENTION) else op.mem_bytes
-        if cls in _COMPUTE_CLASSES and work > best.get(cls, (-1.0, ()))[0]:
+        if cls in COMPUTE_CLASSES and work > best.get(cls, (-1.0, ()))[0]:
             best[cls] = (work, spec)
-    classes = ("gemm",) if opts.quick else _COMPUTE_CLASSES  # --quick: the pairs that matter most
+    classes = ("gemm",) if opts.quick else COMPUTE_CLASSES  # --quick: the pairs that matter most
     return tuple((c, best[c][1]) for c in classes if c in best)
 
 
@@ -234,7 +235,8 @@ def measure_local_overlap(opts: ProfileOptions, progress: Progress) -> dict[str,
     sync = torch.cuda.synchronize if opts.cuda else None
     w, r = (1, 3) if opts.quick else (opts.warmup, opts.repeats)
     picks = _pick_oef_kernels(opts)
-    progress(f"profile: overlap of compute with compute ({len(picks)} classes)")
+    if opts.cuda:
+        progress(f"profile: overlap of compute with compute ({len(picks)} classes, two streams)")
     out: dict[str, dict[str, Any]] = {}
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hexhelix-oef")
@@ -274,7 +276,9 @@ def measure_local_overlap(opts: ProfileOptions, progress: Progress) -> dict[str,
         tab = time_fn(concurrent(sa, sb), warmup=w, repeats=r, sync=sync)
         out[key] = {"oef": oef(ta, tb, tab), "t_a": ta, "t_b": tb, "t_ab": tab, "reps": [ra, rb]}
 
-    for i, (ca, sa) in enumerate(picks):
+    # On a CPU compute with compute is measured by the ranks (two threads per rank while the
+    # ranks run, OpenMP pinned to 1 thread as torchrun does), not here.
+    for i, (ca, sa) in enumerate(picks if opts.cuda else ()):
         for cb, sb in picks[i:]:
             measure_pair(f"{ca}|{cb}", make_kernel(sa, device, opts.dtype, seed=opts.seed),
                          make_kernel(sb, device, opts.dtype, seed=opts.seed + 1))
@@ -292,142 +296,6 @@ def measure_local_overlap(opts: ProfileOptions, progress: Progress) -> dict[str,
                 out[f"{ca}|{comm}"] = dict(out[f"{ca}|send_recv"], proxy="copy stream")
             out[f"{ca}|send_recv"]["proxy"] = "copy stream"
     pool.shutdown()
-    return out
-
-
-# ----------------------------------------------------------------------------- calibration
-StepsFn = Callable[[str, int], float]
-
-
-def _reference_peaks(m: Measurements) -> tuple[float, float, bool]:
-    """(peak FLOP/s, memory B/s, override?) the efficiencies are relative to: the catalog's
-    datasheet numbers for a known GPU, else the measured peak and bandwidth (CPU, unknown GPU)."""
-    from hexhelix.ir.catalog import lookup_gpu
-
-    row = lookup_gpu(m.gpu_type) if m.backend == "nccl" else None
-    if row is not None:
-        return row.peak_flops, row.mem_GBps * 1e9, False
-    return m.peak_flops, m.mem_Bps, True
-
-
-def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
-              base: Profile | None = None, fold_overhead: bool = True) -> Profile:
-    """Turn raw measurements into the cost model's Profile.
-
-    Parameters
-    ----------
-    m : what :func:`measure` returned.
-    steps, factor : ``steps(op_class, n)`` and ``factor(op_class, n)`` of the cost model's
-        collective formula T = steps·α + factor·S/β (``hexhelix.solver.cost.collective_steps``
-        and ``ring_factor``); the fitted α, β are therefore in the cost model's own units.
-    base : profile whose unmeasured fields are kept (default: the documented defaults).
-    fold_overhead : divide every efficiency by the measured ratio of a whole layer through
-        autograd to the sum of its isolated kernels (``meta["layer_overhead"]``), so framework
-        overhead is part of the calibrated op times; the kernel-only values stay in
-        ``meta["kernel_efficiency"]``.
-
-    Returns
-    -------
-    Profile with ``per_gpu_efficiency[gpu_type]``, ``gpu_overrides[gpu_type]`` (CPU or a GPU not
-    in the catalog), ``links`` (per collective class: ``bw_factor``/``alpha_factor`` relative to
-    the measured point-to-point link, whose α and β go to the cluster file, see
-    :func:`local_cluster`), ``link_efficiency`` 1.0 when links were measured, measured OEF
-    entries, ``runtime_reserve_bytes`` and ``meta`` with every raw table.
-    """
-    base = base or Profile()
-    peak, mem, override = _reference_peaks(m)
-    eff: dict[str, float] = {}
-    for cls in _COMPUTE_CLASSES:
-        rows = [o for o in m.ops if o["class"] == cls]
-        if not rows:
-            continue
-        flop_bound = cls in ("gemm", "attention")
-        work = sum(o["flops"] if flop_bound else o["mem_bytes"] for o in rows)
-        secs = sum(o["seconds"] for o in rows)
-        e = work / ((peak if flop_bound else mem) * secs)
-        eff[cls] = e
-    meta: dict[str, Any] = dict(m.meta)
-    meta["kernel_efficiency"] = dict(eff)
-    ratios = list(m.meta.get("layer_overhead", {}).values())
-    if fold_overhead and ratios:
-        # A layer run through autograd takes R x the sum of its isolated kernels (bookkeeping,
-        # launches, cold caches); dividing every class's efficiency by R makes the cost model's
-        # layer time equal the measured layer time.
-        r = statistics.fmean(ratios)
-        eff = {k: v / r for k, v in eff.items()}
-        meta["overhead_folded"] = r
-    for cls, e in eff.items():
-        if not 1e-4 <= e <= 1.5:
-            logger.warning("measured %s efficiency %.4g clamped to [1e-4, 1.5]", cls, e)
-        eff[cls] = min(1.5, max(1e-4, e))
-    overrides = dict(base.gpu_overrides)
-    if override:
-        overrides[m.gpu_type] = {"tflops": m.peak_flops / 1e12, "mem_GBps": m.mem_Bps / 1e9}
-    meta.update({"backend": m.backend, "gpu_type": m.gpu_type, "measured_peak_tflops": m.peak_flops / 1e12,
-                 "measured_mem_GBps": m.mem_Bps / 1e9, "ops": m.ops})
-    links, link_eff = dict(base.links), base.link_efficiency
-    if m.comm:
-        meta["comm_samples"] = m.comm["collectives"] + m.comm["send_recv"]
-        fits, failed = _fit_links(m.comm, steps, factor)
-        p2p = fits.get("send_recv")
-        if p2p is None:
-            logger.warning("point-to-point fit failed (%s); link fields keep their defaults", failed["send_recv"])
-        else:
-            a_ref = max(p2p.alpha_s, 1e-7)  # a 0.1 µs floor keeps the latency factors finite
-            for c, f in fits.items():
-                links[c] = {"bw_factor": f.beta_Bps / p2p.beta_Bps, "alpha_factor": f.alpha_s / a_ref}
-            link_eff = 1.0
-            meta["cluster_link"] = {"intra_GBps": p2p.beta_Bps / 1e9, "intra_latency_us": a_ref * 1e6}
-        meta["link_fit"] = {c: f.to_dict() for c, f in fits.items()} | {c: {"error": e} for c, e in failed.items()}
-    oef_table = dict(base.oef)
-    for key, row in m.oef.items():
-        # OEF lies in [-1, 1] by construction up to noise (an op that slows the other by more
-        # than its own length reads below -1 only under outside load); the raw value stays in meta.
-        if not -1.0 <= row["oef"] <= 1.0:
-            logger.warning("measured OEF %s = %.3f clamped to [-1, 1] (noisy machine?)", key, row["oef"])
-        oef_table[key] = min(1.0, max(-1.0, row["oef"]))
-    meta["oef_measured"] = m.oef
-    return Profile(device=m.device, efficiency=dict(base.efficiency),
-                   per_gpu_efficiency={**base.per_gpu_efficiency, m.gpu_type: eff}, gpu_overrides=overrides,
-                   link_efficiency=link_eff, links=links, oef=oef_table,
-                   runtime_reserve_bytes=m.reserve_bytes if m.reserve_bytes is not None else base.runtime_reserve_bytes,
-                   meta=meta)
-
-
-def _fit_links(comm: dict[str, Any], steps: StepsFn, factor: StepsFn) -> tuple[dict[str, Any], dict[str, str]]:
-    """α–β fit per communication class in the cost model's form; classes whose data cannot be
-    fitted (noise with no bandwidth trend) are reported, not fatal."""
-    series = {"send_recv": (comm["send_recv"], lambda n: 1.0, lambda n: 1.0)}
-    for c in COLLECTIVES:
-        series[c] = ([s for s in comm["collectives"] if s["op"] == c],
-                     lambda n, c=c: steps(c, n), lambda n, c=c: factor(c, n))
-    fits, failed = {}, {}
-    for c, (samples, st, fa) in series.items():
-        try:
-            fits[c] = fit_alpha_beta(group_fit_rows(samples, st, fa))
-        except InvalidInputError as err:
-            failed[c] = err.message
-            logger.warning("%s: no α–β fit (%s); the class keeps the default factors", c, err.message)
-    return fits, failed
-
-
-def local_cluster(profile: Profile, *, count: int, memory_gib: float, name: str = "local") -> dict[str, Any]:
-    """A one-node cluster mapping for this machine: its measured "GPU type" (the CPU, or a GPU
-    not in the catalog) under ``gpu_types`` and the measured point-to-point link as the
-    intra-node link. With it and the profile, the cost model predicts runs on this machine."""
-    gtype = profile.meta.get("gpu_type", "cpu")
-    link = profile.meta.get("cluster_link", {})
-    over = profile.gpu_overrides.get(gtype)
-    out: dict[str, Any] = {"name": name}
-    if over:
-        out["gpu_types"] = {gtype: {"tflops": round(over["tflops"], 6), "memory_gib": memory_gib,
-                                    "mem_GBps": round(over["mem_GBps"], 3),
-                                    "source": f"measured by hexhelix profile on {profile.device}"}}
-    node: dict[str, Any] = {"name": name, "gpu": gtype, "count": count}
-    if link:
-        node["intra_GBps"] = round(link["intra_GBps"], 4)
-        node["intra_latency_us"] = round(link["intra_latency_us"], 3)
-    out["nodes"] = [node]
     return out
 
 

@@ -17,6 +17,7 @@ shared/reference/dhelix.md §2.1–2.2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ import pickle
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -318,10 +319,64 @@ def _worker(rank: int, spec: CommSpec, port: int, out: str,
                 t_ab = ctx.time_series(both, 2)
                 results["oef"][f"{cls}|{comm}"] = {
                     "oef": oef(t_a, t_b, t_ab), "t_a": t_a, "t_b": t_b, "t_ab": t_ab, "reps": reps}
+    if spec.backend == "gloo" and rank < 2:
+        _compute_pairs_all_busy(ctx, spec, results["oef"])
     dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def _compute_pairs_all_busy(ctx: _Rank, spec: CommSpec, out: dict[str, Any]) -> None:
+    """OEF of compute with compute (two threads per rank) measured on two ranks at once.
+
+    On a CPU a rank's "device" is its core: a second thread only gains by borrowing a core that
+    another rank would use, so the factor that matters for a run is the one measured while every
+    rank co-executes, not the single-process one (which overrides it for gloo)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .profiler_kernels import make_kernel
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    kernels = {c: make_kernel(k, ctx.device, ctx.dtype, seed=spec.seed) for c, k in spec.oef_compute}
+    solo = {c: ctx.time_series(k, 2) for c, k in kernels.items()}
+    target = max(solo.values()) * 4
+    names = list(kernels)
+    for i, ca in enumerate(names):
+        for cb in names[i:]:
+            def seg(c: str) -> Callable[[], None]:
+                reps, k = max(1, round(target / max(solo[c], 1e-9))), kernels[c]
+                return lambda: [k() for _ in range(reps)]
+            fa, fb = seg(ca), seg(cb)
+
+            def both(fa: Callable[[], Any] = fa, fb: Callable[[], Any] = fb) -> None:
+                fut = pool.submit(fb)
+                fa()
+                fut.result()
+            t_a, t_b, t_ab = ctx.time_series(fa, 2), ctx.time_series(fb, 2), ctx.time_series(both, 2)
+            out[f"{ca}|{cb}"] = {"oef": oef(t_a, t_b, t_ab), "t_a": t_a, "t_b": t_b, "t_ab": t_ab,
+                                 "method": "two threads per rank, 2 ranks busy"}
+    pool.shutdown()
+
+
+@contextlib.contextmanager
+def _thread_env(threads: int) -> Iterator[None]:
+    """Spawned ranks start with OMP_NUM_THREADS/MKL_NUM_THREADS = ``threads``, as torchrun sets
+    them. ``torch.set_num_threads`` alone is not enough: a second Python thread (a co-executed
+    strand) would run its kernels with an OpenMP team of the core count, and two spinning teams
+    on shared cores slow both by an order of magnitude."""
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in keys}
+    if threads > 0:
+        os.environ.update({k: str(threads) for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_comm_profile(spec: CommSpec, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -350,7 +405,7 @@ def run_comm_profile(spec: CommSpec, *, progress: Callable[[str], None] | None =
         pickle.dumps(progress)
     except (pickle.PicklingError, AttributeError, TypeError):
         progress = None
-    with tempfile.TemporaryDirectory(prefix="hexhelix-profile-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hexhelix-profile-") as tmp, _thread_env(spec.threads):
         out = os.path.join(tmp, "comm.json")
         ctx = mp.start_processes(_worker, args=(spec, free_port(), out, progress), nprocs=spec.nproc,
                                  join=False, start_method="spawn")

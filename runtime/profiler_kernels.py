@@ -15,7 +15,7 @@ from typing import Any
 from hexhelix.ir.model import ModelConfig, TrainingConfig
 from hexhelix.ir.opgraph import Op, build_head_ops, build_layer_graph
 
-__all__ = ["layer_kernels", "make_kernel"]
+__all__ = ["layer_kernels", "layer_saved_bytes", "make_kernel", "make_layer_step"]
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -34,9 +34,10 @@ def make_kernel(spec: tuple, device: Any, dtype: Any, *, seed: int = 0) -> Calla
     if isinstance(dtype, str):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    dgen = torch.Generator(device=device).manual_seed(seed)  # large tensors are drawn on the device
 
     def rand(*shape: int, grad: bool = False) -> torch.Tensor:
-        t = torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+        t = torch.randn(*shape, generator=dgen, device=device, dtype=torch.float32).to(dtype)
         return t.requires_grad_(grad)
 
     def backward_of(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -91,7 +92,7 @@ def make_kernel(spec: tuple, device: Any, dtype: Any, *, seed: int = 0) -> Calla
         return lambda: F.cross_entropy(logits.float(), tgt)
     if kind == "copy":
         el = max(1, int(spec[1]) // torch.tensor([], dtype=dtype).element_size())
-        src, dst = rand(el), torch.empty(el, dtype=dtype, device=device)
+        src, dst = torch.ones(el, dtype=dtype, device=device), torch.empty(el, dtype=dtype, device=device)
         return lambda: dst.copy_(src)
     raise ValueError(f"unknown kernel spec {spec!r}")
 
@@ -153,32 +154,29 @@ def layer_kernels(model: ModelConfig, train: TrainingConfig, tp: int) -> list[tu
     return out
 
 
-def make_layer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
-                    seed: int = 0) -> Callable[[], Any]:
-    """One transformer layer's forward and backward through autograd, as a training step runs it
-    (TP-sharded shapes on one rank, no collectives): RMSNorm, QKV, causal SDPA, output projection,
-    residual, RMSNorm, SwiGLU MLP, residual. Timing it against the sum of the layer's isolated
-    kernels gives the framework overhead (autograd bookkeeping, launches, cold caches) that the
-    kernels alone miss."""
+def _layer_forward(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any,
+                   seed: int) -> tuple[Callable[[], Any], Any, set[int]]:
+    """(forward closure returning the layer output, the output gradient, data pointers of the
+    weights) of one Llama block at TP-sharded shapes: RMSNorm, QKV, causal SDPA, output
+    projection, residual, RMSNorm, SwiGLU MLP, residual."""
     import torch
     import torch.nn.functional as F
 
     if isinstance(dtype, str):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     h, t, d = model.hidden, tp, model.head_dim
     heads, kv, f = model.heads // t, model.kv_heads // t, model.ffn // t
     b, s = train.micro_batch, train.seq_len
 
     def w(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * 0.02).to(device=device, dtype=dtype).requires_grad_(True)
+        return (torch.randn(*shape, generator=gen, device=device) * 0.02).to(dtype).requires_grad_(True)
 
     wq, wo = w((heads + 2 * kv) * d, h), w(h, heads * d)
     w1, w2, n1, n2 = w(2 * f, h), w(h, f), w(h), w(h)
-    x0 = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype).requires_grad_(True)
-    g = torch.ones(b, s, h, device=device, dtype=dtype)
+    x0 = torch.randn(b, s, h, generator=gen, device=device).to(dtype).requires_grad_(True)
 
-    def step() -> None:
+    def forward() -> Any:
         y = F.rms_norm(x0, (h,), n1, 1e-5)
         q, k, v = F.linear(y, wq).split((heads * d, kv * d, kv * d), dim=-1)
         q, k, v = (z.view(b, s, -1, d).transpose(1, 2) for z in (q, k, v))
@@ -187,6 +185,38 @@ def make_layer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: 
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
         x1 = x0 + F.linear(a, wo)
         gate, up = F.linear(F.rms_norm(x1, (h,), n2, 1e-5), w1).chunk(2, dim=-1)
-        out = x1 + F.linear(F.silu(gate) * up, w2)
-        out.backward(g)
-    return step
+        return x1 + F.linear(F.silu(gate) * up, w2)
+    weights = {p.untyped_storage().data_ptr() for p in (wq, wo, w1, w2, n1, n2)}
+    return forward, torch.ones(b, s, h, device=device, dtype=dtype), weights
+
+
+def make_layer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                    seed: int = 0) -> Callable[[], Any]:
+    """One transformer layer's forward and backward through autograd, as a training step runs it
+    (TP-sharded shapes on one rank, no collectives). Timing it against the sum of the layer's
+    isolated kernels gives the framework overhead (autograd bookkeeping, launches, cold caches)
+    that the kernels alone miss."""
+    forward, g, _ = _layer_forward(model, train, tp, device, dtype, seed)
+    return lambda: forward().backward(g)
+
+
+def layer_saved_bytes(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                      seed: int = 0) -> int:
+    """Bytes autograd keeps from one layer's forward for its backward (distinct storages, weights
+    excluded, the layer input included): the measured counterpart of the cost model's
+    activation bytes per layer and micro-batch (Korthikanti et al.)."""
+    import torch
+
+    forward, _, weights = _layer_forward(model, train, tp, device, dtype, seed)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return sum(seen.values())

@@ -26,8 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile", help="measure this machine and write a cost-model profile",
         description="Measure GEMM/attention FLOP rates and norm/elementwise throughput at the model's "
-                    "sizes, collective and point-to-point α/β over 2..N ranks, and compute/communication "
-                    "overlap factors (DHelix OEF); write a hexhelix.profile/1 JSON. Progress goes to stderr.")
+                    "sizes, one layer through autograd (framework overhead), collective and point-to-point "
+                    "α/β over 2..N ranks, and compute/communication overlap factors (DHelix OEF); write a "
+                    "hexhelix.profile/1 JSON for --profile. On a CPU the measured type is 'cpu'; "
+                    "--cluster-out writes the one-node cluster file that refers to it. Progress goes to stderr.")
     add_model_args(p, cluster=False)
     p.set_defaults(model="tiny", seq_len=256)
     for a in p._actions:  # --model is optional here (default: tiny); --profile is the base profile
