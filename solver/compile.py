@@ -207,8 +207,11 @@ def compile_plan(plan: Plan, schedule: str | None = None, profile: Profile = DEF
                           ranks=tuple(tuple(rank_of[g] for g in st.gpus) for st in pipe.stages),
                           layers=tuple(st.layers for st in pipe.stages)) for pipe in plan.pipelines]
     plan_hash = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    # The simulator reads the reserve and the whole-op PAIR overlap factor from meta, so a
+    # program compiled with a measured profile is replayed with that profile's numbers.
     meta = {"compiler": "hexhelix.solver.compile", "plan_hash": plan_hash, "devices": list(devices),
-            "profile": profile.device}
+            "profile": profile.device, "runtime_reserve_bytes": profile.runtime_reserve_bytes,
+            "pair_oef": profile.overlap("gemm", "gemm")}
     savings, pair_meta = pair_savings_of(pairing, plan, profile)
     if pairing is not None:
         meta["pairing"] = pair_meta

@@ -226,3 +226,17 @@ def test_receive_waits_are_the_rendezvous_gap() -> None:
     assert early == pytest.approx(predicted, rel=0.05)
     # the simulator's own pre-posting option is the same pass: on a late program it gives the default
     assert simulate(compile_plan(plan, recv_ahead=0), SimOptions(record=False, recv_ahead=1)).makespan_s == early
+
+
+def test_program_carries_the_profile_reserve_into_the_simulation() -> None:
+    """A program compiled with a measured profile is replayed with that profile's runtime
+    reserve: the simulated peak moves by exactly the difference of the reserves."""
+    from hexhelix.ir.profile import DEFAULT_PROFILE
+
+    plan = _example_plan()
+    extra = 3 * 2**30
+    other = dataclasses.replace(DEFAULT_PROFILE, runtime_reserve_bytes=DEFAULT_PROFILE.runtime_reserve_bytes + extra)
+    base = simulate(compile_plan(plan), SimOptions(record=False))
+    moved = simulate(compile_plan(plan, profile=other), SimOptions(record=False))
+    for a, b in zip(base.ranks, moved.ranks):
+        assert b.peak_memory_bytes - a.peak_memory_bytes == extra
