@@ -8,31 +8,35 @@ sync; each solution is decoded and scored by the one evaluator, and if the evalu
 the model's (sync underestimated) an exact no-good cut for that structure is added and the model
 re-solved. The model value is a lower bound for every plan with P pipelines, so
 
-    bound = min_P (backend bound of the last solve for P),   incumbent = best evaluated plan,
+    bound = min_P max(backend bound of the last solve for P, fluid bound F_P),
+    incumbent = best evaluated plan (heuristics, plans rounded from the fluid masters, model solutions),
 
-and the result is called optimal only when every P was solved to proven optimality (or proven unable
-to beat the incumbent) and the gap is within the rounding of the integer time scale.
+F_P being the column-generation bound of :mod:`.fluid_bound` (a P with F_P ≥ incumbent needs no
+solve). The result is called optimal only when the relative gap is within ``gap_tol`` (1e-6) plus the
+rounding of the integer time scale; a larger proven gap is reported with status timeout/feasible.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-from hexhelix.ir.plan import Plan, PlanProblem
+from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
+from .fluid_bound import Shape, fluid_bounds_by_pipelines
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
 
-__all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "solve_exact"]
+__all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "round_master", "solve_exact"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +93,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     model and cuts off worse plans), ``initial_plan`` (a Plan used the same way), ``max_pipelines``
     (cap P; the bound is then only over the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
+    ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at most
+    ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent),
     ``shape_bound`` (default True: the order-free shape enumeration bound of :mod:`.shape_bound`,
     given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
     bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
@@ -120,8 +126,19 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             best = (plan, ev)
     scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
     rate = tables.gpu_rate_bound()
+    fluid: dict[int, float] = {}
+    if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
+        fluid, runs = fluid_bounds_by_pipelines(
+            tables, pmax=pmax, upper_s=best[1].iteration_time_s, seed_plans=(best[0],),
+            deadline=time.monotonic() + float(opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()))
+        params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
+        rounded = [pl for P, fr in runs.items() for pl in round_master(tables, fr.solution, pipelines=P)]
+        for plan in rounded:  # the primal side: plans rounded from the fluid masters
+            ev = evaluate(plan, profile)
+            if ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
+                best = (plan, ev)
     if opts.get("shape_bound", True):  # order-free shape enumeration: a bound valid for every P
-        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.5 * max(0.0, deadline - time.monotonic()))
+        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, deadline - time.monotonic()))
         if sb is not None:
             rate = max(rate, sb)
         params["shape_bound_s"] = sb
@@ -135,6 +152,13 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     gap_tol = float(opts.get("gap_tol", 1e-6))
     bounds: dict[int, float] = {}
     proven: dict[int, bool] = {}
+    for P, fb in fluid.items():  # a P whose fluid bound reaches the incumbent cannot improve on it
+        bounds[P] = max(rate, fb)
+        if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
+            proven[P] = True
+    if p_values:  # the incumbent's P, then the most promising by fluid bound
+        head = p_values[0]
+        p_values.sort(key=lambda P: (P != head, fluid.get(P, 0.0)))
     logs: list[str] = []
     iterations = 0
     models: dict[int, Any] = {}
@@ -159,7 +183,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
                 if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
                     logger.warning("P=%d: model of ~%d rows skipped (max_model_rows)", P, size)
-                    bounds[P], proven[P] = rate, False
+                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
                     skipped.add(P)
                     continue
                 models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
@@ -169,7 +193,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
                     models_exported = True
                 seen[P] = set()
-                bounds[P], proven[P] = rate, False
+                bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
             elif ub is not None:
                 models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
             pm = models[P]
@@ -219,7 +243,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         if not progress_made and deadline - time.monotonic() <= 0.05:
             break
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
-    lower = min([bounds.get(P, rate) for P in range(1, pmax + 1)], default=rate)
+    lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
                    "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
                    "ticks_per_second": scale})
@@ -252,3 +276,72 @@ def _rounding_ticks(M: int, K: int, L: int) -> float:
     """Ticks the floored coefficients can lose on one plan: (m−1)·U and Σu lose < 1 tick per
     layer-coefficient and per fixed term of each stage, plus sync and optimizer terms."""
     return float((M + K + 2) * (L + 4))
+
+
+def round_master(tables: CostTables, solution: tuple[tuple[Shape, float], ...], *, pipelines: int) -> list[Plan]:
+    """Integer plans from a fractional master solution (the primal side; heuristics, never optimal
+    by themselves): ⌊x⌋ copies of each shape, then shapes by decreasing fractional part and by
+    micro-batch rate per GPU while GPUs and the pipeline count allow; micro-batches handed out one
+    at a time to the pipeline that finishes it first, (m−1)·U + S; GPU ids in node order. Plans that
+    break memory under the real in-flight counts are dropped by the caller's evaluator."""
+    caps = [node.count for node in tables.problem.cluster.nodes]
+    M = tables.micro_batches
+    if not solution:
+        return []
+    shapes = [sh for sh, _ in solution]
+    x = [v for _, v in solution]
+    order = sorted(range(len(shapes)), key=lambda i: (-(x[i] - math.floor(x[i] + 1e-9)), -x[i]))
+    extra = sorted(range(len(shapes)), key=lambda i: shapes[i].bottleneck * sum(shapes[i].gpus))
+    out: list[Plan] = []
+    limit = min(pipelines, M)
+    for round_up, fill in ((True, False), (True, True), (False, True)):
+        used = [0] * len(caps)
+        chosen: list[Shape] = []
+        for i in range(len(shapes)):
+            for _ in range(math.floor(x[i] + 1e-9)):
+                _take(shapes[i], chosen, used, caps, limit)
+        if round_up:
+            for i in order:
+                if x[i] - math.floor(x[i] + 1e-9) > 1e-9:
+                    _take(shapes[i], chosen, used, caps, limit)
+        if fill:
+            for i in extra:
+                while _take(shapes[i], chosen, used, caps, limit):
+                    pass
+        if chosen:
+            out.append(_decode(tables, chosen, M))
+    return out
+
+
+def _take(sh: Shape, chosen: list[Shape], used: list[int], caps: list[int], limit: int) -> bool:
+    """Add one pipeline of shape ``sh`` if the GPUs and the pipeline count allow."""
+    if len(chosen) >= limit or any(u + g > c for u, g, c in zip(used, sh.gpus, caps)):
+        return False
+    chosen.append(sh)
+    for n, g in enumerate(sh.gpus):
+        used[n] += g
+    return True
+
+
+def _decode(tables: CostTables, chosen: list[Shape], M: int) -> Plan:
+    """Pipelines of ``chosen`` shapes with micro-batches by greedy finishing time and GPU ids."""
+    m = [1] * len(chosen)
+    heap = [(s.total + s.bottleneck, p) for p, s in enumerate(chosen)]
+    heapq.heapify(heap)
+    for _ in range(M - len(chosen)):
+        _, p = heapq.heappop(heap)
+        m[p] += 1
+        heapq.heappush(heap, (chosen[p].total + m[p] * chosen[p].bottleneck, p))
+    cl = tables.problem.cluster
+    free = {n: list(cl.node_gpus(n)) for n in range(len(cl.nodes))}
+    pipes = []
+    for p, s in enumerate(chosen):
+        stages, start = [], 0
+        for c, ell in s.stages:
+            o = tables.options[c]
+            gpus = tuple(free[o.node][: o.tp])
+            del free[o.node][: o.tp]
+            stages.append(StagePlan(node=o.node, gpus=gpus, layers=(start, start + ell)))
+            start += ell
+        pipes.append(PipelinePlan(stages=tuple(stages), micro_batches=m[p]))
+    return Plan(problem=tables.problem, pipelines=tuple(pipes), meta={"solver": "fluid-rounding"})

@@ -27,7 +27,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from .plan_formulation import BackendOutcome, LinearModel
 from .result import SolveResult
 
-__all__ = ["map_cbc_status", "map_highs_status", "plan_milp", "solve_milp_model", "to_pulp"]
+__all__ = ["map_cbc_status", "map_highs_status", "plan_milp", "quiet_stdout", "solve_milp_model", "to_pulp"]
 
 BACKENDS = ("cbc", "highs")
 
@@ -111,7 +111,7 @@ def to_pulp(lin: LinearModel, name: str = "hexhelix_plan") -> tuple[Any, list[An
 
 
 @contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
+def quiet_stdout() -> Iterator[None]:
     """Silence file descriptor 1 (HiGHS prints its banner from C++ even with output off), so that
     ``--json`` output on stdout stays one clean JSON document."""
     sys.stdout.flush()
@@ -174,7 +174,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
                             mip_feasibility_tolerance=1e-9)
         if not solver.available():
             raise SolverError("HiGHS is not available (pip install highspy)")
-        with _quiet_stdout():
+        with quiet_stdout():
             prob.solve(solver)
         h = prob.solverModel
         info = h.getInfo()

@@ -42,7 +42,8 @@ EXACT_METHODS = ("cpsat", "milp", "milp-cbc", "milp-highs", "bruteforce")
 HEURISTIC_METHODS = ("hexiscale", "hexiscale-released", "megatron")
 METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
-                  "workers", "log", "max_model_rows", "shape_bound", "export_model"}
+                  "workers", "log", "max_model_rows", "shape_bound", "export_model",
+                  "fluid_bound", "fluid_share"}
 
 
 def _resolve(method: str) -> Callable[..., SolveResult]:
@@ -58,7 +59,8 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     """Plan ``problem`` with ``method``; never raises for "no plan" (that is a status).
 
     ``options`` are passed to exact methods (``backend``, ``warm_start``, ``initial_plan``,
-    ``max_pipelines``, ``gap_tol``, ``workers``, ``log``); heuristics get seed, profile and time
+    ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
+    ``shape_bound``, ``max_model_rows``, ``export_model``); heuristics get seed, profile and time
     limit only. A heuristic module that is not installed yields status ``error`` with the reason.
     """
     opts = dict(options or {})

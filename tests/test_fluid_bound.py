@@ -1,0 +1,129 @@
+"""The fluid (column-generation) bound of solver/fluid_bound.py: valid against brute force on many
+random tiny instances, never above any heuristic's evaluated plan, and column generation ends with
+no column of positive reduced cost (checked against an enumeration of every shape)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hexhelix.ir.cluster import load_cluster
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver.candidates import build_tables
+from hexhelix.solver.evaluate import evaluate
+from hexhelix.solver.exact_plan import max_pipelines, round_master
+from hexhelix.solver.fluid_bound import (
+    certificate,
+    fluid_bounds_by_pipelines,
+    fluid_lower_bound,
+    shape_from_stages,
+    sync_lower_bound,
+)
+from hexhelix.solver.result import SolveStatus
+from hexhelix.solver.solve import solve
+from test_planner_exact import make_problem
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def random_instance(seed: int) -> PlanProblem:
+    rng = random.Random(seed)
+    return make_problem(gpus=(rng.randint(1, 3), rng.randint(0, 2)), mem=(rng.choice([1.6, 2.5, 4.0]), rng.choice([2.0, 3.0])),
+                        layers=rng.randint(2, 4), gb=rng.randint(2, 6), seq=rng.choice([512, 1024, 2048]),
+                        inter=rng.choice([2.0, 5.0, 50.0]), tflops=(100.0, rng.choice([20.0, 40.0, 90.0])),
+                        schedule=rng.choice(["1f1b", "1f1b", "gpipe"]))
+
+
+@pytest.mark.parametrize("seed", range(14))
+def test_fluid_bound_never_exceeds_bruteforce_optimum(seed: int) -> None:
+    pb = random_instance(seed)
+    bf = solve(pb, "bruteforce")
+    if bf.status is not SolveStatus.OPTIMAL:
+        pytest.skip(f"no plan fits this random instance ({bf.reason})")
+    tables = build_tables(pb)
+    bounds, runs = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * bf.iteration_time_s)
+    plans = [pl for P, fr in runs.items() for pl in round_master(tables, fr.solution, pipelines=P)]
+    assert min(bounds.values()) <= bf.iteration_time_s * (1 + 1e-9)
+    # per pipeline count too: the brute-force optimum's own P
+    assert bounds[len(bf.plan.pipelines)] <= bf.iteration_time_s * (1 + 1e-9)
+    for plan in plans:  # rounded plans are plans: never better than the optimum
+        ev = evaluate(plan)
+        assert not ev.feasible or ev.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+
+
+def test_fluid_bound_below_heuristics_on_an_example_cluster() -> None:
+    cl = load_cluster(ROOT / "examples" / "clusters" / "small-mixed.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=32, micro_batch=1, seq_len=4096, recompute="full"))
+    tables = build_tables(pb)
+    times = [r.iteration_time_s for r in (solve(pb, m) for m in ("hexiscale", "megatron")) if r.evaluation
+             and r.evaluation.feasible]
+    assert times
+    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(times))
+    lb = min(bounds.values())
+    assert 0 < lb <= min(times)
+    # the bound is not trivial: above the total-work bound
+    assert lb > tables.gpu_rate_bound()
+
+
+def _all_shapes(tables, L: int) -> list:
+    out = []
+    for K in range(1, L + 1):
+        for cuts in itertools.combinations(range(1, L), K - 1):
+            sizes = [b - a for a, b in zip((0, *cuts), (*cuts, L))]
+            for opts in itertools.product(range(len(tables.options)), repeat=K):
+                s = shape_from_stages(tables, list(zip(opts, sizes)))
+                if np.isfinite(s.bottleneck):
+                    out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_column_generation_ends_without_improving_column(seed: int) -> None:
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
+    tables = build_tables(pb)
+    P = max_pipelines(tables)
+    fr = fluid_lower_bound(tables, pmax=P, upper_s=100.0)
+    assert fr.converged
+    shapes = _all_shapes(tables, pb.model.layers)
+    pi, mu = np.array(fr.last_duals[0]), fr.last_duals[1]
+    T = fr.upper_s
+    rc = [s.micro_batches_within(T) - pi @ np.array(s.gpus) - mu for s in shapes if s.total <= T]
+    min_u = min(s.bottleneck for s in shapes)
+    assert max(rc) <= 1e-4 * T / min_u + 1e-6
+    # the branch-and-bound pricing equals the enumeration's minimum of S + U·(π·g + κ) (within its tolerance)
+    M = tables.micro_batches
+    cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None)
+    assert closed
+    A = float(pi @ np.array([n.count for n in pb.cluster.nodes])) + mu * P
+    if A >= M * (1 - 1e-9):
+        pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
+    kappa = (M - A) / P - 1 + mu
+    true = min(s.total + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
+    assert cert <= true * (1 + 1e-9) + 1e-12
+    assert cert >= true - 1e-4 * abs(true)
+
+
+def test_sync_lower_bound_below_evaluated_sync() -> None:
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=100)
+    bf = solve(pb, "bruteforce")
+    tables = build_tables(pb)
+    P = len(bf.plan.pipelines)
+    assert P > 1
+    assert sync_lower_bound(tables, P) <= bf.evaluation.grad_sync_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("method", ["milp-highs", "cpsat"])
+def test_exact_solvers_with_fluid_bound_stay_exact(method: str) -> None:
+    """With the warm start (so the fluid bound and its HiGHS LPs run first) the exact solvers still
+    prove the brute-force optimum; regression: a HiGHS LP with another thread count broke PuLP's HiGHS."""
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=100)
+    bf = solve(pb, "bruteforce")
+    res = solve(pb, method, time_limit=60)
+    assert res.params.get("fluid_bound_s") is not None
+    assert res.params["fluid_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
+    assert res.status is SolveStatus.OPTIMAL, res.reason
+    assert res.iteration_time_s == pytest.approx(bf.iteration_time_s, rel=1e-6)
