@@ -100,9 +100,13 @@ def test_hang_becomes_an_error_with_every_rank_position(tmp_path: Path) -> None:
     path = tmp_path / "hang.json"
     path.write_text(json.dumps(d))
     res = launch(2, [str(path), "--steps", "1", "--timeout", "3"], timeout=60)
-    assert [r[0] for r in res] == [3, 3]
+    # rank 1 hangs first and its watchdog exits 3; rank 0 either reaches its own watchdog (3) or,
+    # when rank 1's exit closes the connection first (timing-dependent under load), fails with 1 —
+    # an error either way, never a hang or a success.
+    assert res[1][0] == 3, res
+    assert res[0][0] in (1, 3) and "rank 0" in res[0][2], res
     err = res[1][2]
-    assert "rank 1: hang" in err and "[F1.0]" in err and "rank   0 pc   7" in err
+    assert "rank 1: hang" in err and "[F1.0]" in err and "rank   0 pc   7" in err, err
 
 
 @pytest.mark.slow
