@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from readme_section import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
@@ -140,12 +141,7 @@ parameter order instead of the compiler's greedy order (lower is better; empty f
 
 {table}
 {END}"""
-        text = README.read_text() if README.exists() else "# hexhelix benchmarks\n"
-        if BEGIN in text and END in text:
-            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: body, text, flags=re.S)
-        else:
-            text = text.rstrip("\n") + "\n\n" + body + "\n"
-        README.write_text(text)
+        write_section(BEGIN, END, body, README)
     return 0
 
 

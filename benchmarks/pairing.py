@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from hexhelix.solver.pairing import (
     solve_pairing_all,
 )
 from hexhelix.solver.pairing_costs import build_pairing_problem
+from readme_section import write_section
 
 README = Path(__file__).with_name("README.md")
 BEGIN, END = "<!-- pairing:begin -->", "<!-- pairing:end -->"
@@ -164,12 +164,7 @@ the paper's ~83 % there by necessity, not by solver weakness. CP-SAT rarely *pro
 within the limit: its bound is the part that is hard (deciding that an overlap's penalty is
 unavoidable), and the gap to the bound is printed instead of a claim.
 {END}"""
-    text = README.read_text() if README.exists() else "# hexhelix benchmarks\n"
-    if BEGIN in text and END in text:
-        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: body, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    README.write_text(text)
+    write_section(BEGIN, END, body, README)
 
 
 if __name__ == "__main__":

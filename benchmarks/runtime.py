@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from readme_section import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
@@ -241,12 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ])
     print(text)
     if args.write_readme:
-        cur = README.read_text()
-        if BEGIN in cur:
-            cur = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: text, cur, flags=re.S)
-        else:
-            cur = cur.rstrip("\n") + "\n\n" + text + "\n"
-        README.write_text(cur)
+        write_section(BEGIN, END, text, README)
     return 0
 
 
