@@ -196,15 +196,12 @@ def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, st
 def _launch(program, warmup: int, steps: int, mode: str, timeout_s: float) -> list[dict[str, Any]]:
     """Spawn the program's ranks once; retry once if a rank dies before writing its result."""
     import torch.multiprocessing as mp
-    from hexhelix.runtime.profiler_comm import free_port
+    from hexhelix.runtime.profiler_comm import free_port, patched_environ
 
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # as torchrun sets them
     if mode == "memory":  # glibc reads it at start: every allocation >= 64 KiB gets its own mapping
         env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
-    saved = {k: os.environ.get(k) for k in (*env, "MALLOC_MMAP_THRESHOLD_")}
-    os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
-    os.environ.update(env)
-    try:
+    with patched_environ(env, remove=() if mode == "memory" else ("MALLOC_MMAP_THRESHOLD_",)):
         for attempt in range(2):
             with tempfile.TemporaryDirectory(prefix="hexhelix-fid-") as tmp:
                 prog = Path(tmp, "program.json")
@@ -228,12 +225,6 @@ def _launch(program, warmup: int, steps: int, mode: str, timeout_s: float) -> li
                 if all(f.exists() for f in files):
                     return [json.loads(f.read_text()) for f in files]
         raise RuntimeError("the runtime failed twice on this program")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def measure_program(program, warmup: int, steps: int, timeout_s: float = 300.0,

@@ -360,15 +360,13 @@ def _compute_pairs_all_busy(ctx: _Rank, spec: CommSpec, out: dict[str, Any]) -> 
 
 
 @contextlib.contextmanager
-def _thread_env(threads: int) -> Iterator[None]:
-    """Spawned ranks start with OMP_NUM_THREADS/MKL_NUM_THREADS = ``threads``, as torchrun sets
-    them. ``torch.set_num_threads`` alone is not enough: a second Python thread (a co-executed
-    strand) would run its kernels with an OpenMP team of the core count, and two spinning teams
-    on shared cores slow both by an order of magnitude."""
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in keys}
-    if threads > 0:
-        os.environ.update({k: str(threads) for k in keys})
+def patched_environ(updates: dict[str, str], remove: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set ``updates`` and unset ``remove`` in the environment that spawned processes inherit,
+    restoring every touched variable (present or absent) on exit."""
+    saved = {k: os.environ.get(k) for k in (*updates, *remove)}
+    for k in remove:
+        os.environ.pop(k, None)
+    os.environ.update(updates)
     try:
         yield
     finally:
@@ -377,6 +375,15 @@ def _thread_env(threads: int) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _thread_env(threads: int) -> contextlib.AbstractContextManager[None]:
+    """Spawned ranks start with OMP_NUM_THREADS/MKL_NUM_THREADS = ``threads``, as torchrun sets
+    them. ``torch.set_num_threads`` alone is not enough: a second Python thread (a co-executed
+    strand) would run its kernels with an OpenMP team of the core count, and two spinning teams
+    on shared cores slow both by an order of magnitude."""
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    return patched_environ({k: str(threads) for k in keys} if threads > 0 else {})
 
 
 def run_comm_profile(spec: CommSpec, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

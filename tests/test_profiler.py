@@ -216,3 +216,18 @@ def test_fidelity_statistics_spearman_with_ties_and_summary():
     assert s["time_mape"] == pytest.approx((0.2 / 1.2 + 0.2 / 1.8 + 0.3 / 3.3) / 3)
     assert s["best_pred"] == s["best_meas"] == "a" and s["time_spearman"] == pytest.approx(1.0)
     assert s["mem_mape"] == pytest.approx(10 / 110)
+
+
+def test_patched_environ_sets_unsets_and_restores(monkeypatch) -> None:
+    import os
+
+    from hexhelix.runtime.profiler_comm import patched_environ
+
+    monkeypatch.setenv("HEXHELIX_T_KEEP", "a")
+    monkeypatch.setenv("HEXHELIX_T_DROP", "b")
+    monkeypatch.delenv("HEXHELIX_T_NEW", raising=False)
+    with patched_environ({"HEXHELIX_T_KEEP": "x", "HEXHELIX_T_NEW": "y"}, remove=("HEXHELIX_T_DROP",)):
+        assert os.environ["HEXHELIX_T_KEEP"] == "x" and os.environ["HEXHELIX_T_NEW"] == "y"
+        assert "HEXHELIX_T_DROP" not in os.environ
+    assert os.environ["HEXHELIX_T_KEEP"] == "a" and os.environ["HEXHELIX_T_DROP"] == "b"
+    assert "HEXHELIX_T_NEW" not in os.environ
