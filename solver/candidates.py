@@ -212,6 +212,11 @@ class CostTables:
         best = self._admissible_links[node]
         return min(cost.collective_time(OpClass.ALL_REDUCE, pipelines, payload, lk, self.profile) for lk in best)
 
+    def admissible_links(self, node: int) -> list[cost.Link]:
+        """Cluster links no faster (gradsync's ordering) than the best link leaving ``node``: the
+        slowest link among holders that include a GPU of ``node`` is one of these."""
+        return self._admissible_links[node]
+
     @cached_property
     def _admissible_links(self) -> dict[int, list[cost.Link]]:
         cl = self.problem.cluster

@@ -31,7 +31,8 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
-from .fluid_bound import Shape, fluid_bounds_by_pipelines
+from .fluid_bound import Shape
+from .fluid_branch import fluid_bounds_by_pipelines
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound

@@ -6,24 +6,28 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 import numpy as np
 import pytest
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.exact_plan import max_pipelines, round_master
 from hexhelix.solver.fluid_bound import (
     certificate,
-    fluid_bounds_by_pipelines,
     fluid_lower_bound,
     shape_from_stages,
     sync_lower_bound,
 )
+from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
+from hexhelix.solver.shape_pricing import pricer_for
 from hexhelix.solver.solve import solve
+from hexhelix.solver.stage_floors import Locality, stage_extras, stage_w
 from test_planner_exact import make_problem
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -44,7 +48,8 @@ def test_fluid_bound_never_exceeds_bruteforce_optimum(seed: int) -> None:
     if bf.status is not SolveStatus.OPTIMAL:
         pytest.skip(f"no plan fits this random instance ({bf.reason})")
     tables = build_tables(pb)
-    bounds, runs = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * bf.iteration_time_s)
+    bounds, runs = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * bf.iteration_time_s,
+                                             branch_nodes=30)
     plans = [pl for P, fr in runs.items() for pl in round_master(tables, fr.solution, pipelines=P)]
     assert min(bounds.values()) <= bf.iteration_time_s * (1 + 1e-9)
     # per pipeline count too: the brute-force optimum's own P
@@ -62,7 +67,8 @@ def test_fluid_bound_below_heuristics_on_an_example_cluster() -> None:
     times = [r.iteration_time_s for r in (solve(pb, m) for m in ("hexiscale", "megatron")) if r.evaluation
              and r.evaluation.feasible]
     assert times
-    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(times))
+    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(times),
+                                          deadline=time.monotonic() + 8)
     lb = min(bounds.values())
     assert 0 < lb <= min(times)
     # the bound is not trivial: above the total-work bound
@@ -91,18 +97,21 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     shapes = _all_shapes(tables, pb.model.layers)
     pi, mu = np.array(fr.last_duals[0]), fr.last_duals[1]
     T = fr.upper_s
-    rc = [s.micro_batches_within(T) - pi @ np.array(s.gpus) - mu for s in shapes if s.total <= T]
+    pr = pricer_for(tables)
+    W = {s.stages: pr.stage_w(s.stages, pr.extras(1)) for s in shapes}  # one replica: optimizer floors only
+    rc = [s.micro_batches_within(T - W[s.stages]) - pi @ np.array(s.gpus) - mu for s in shapes
+          if s.total + W[s.stages] <= T]
     min_u = min(s.bottleneck for s in shapes)
     assert max(rc) <= 1e-4 * T / min_u + 1e-6
     # the branch-and-bound pricing equals the enumeration's minimum of S + U·(π·g + κ) (within its tolerance)
     M = tables.micro_batches
-    cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None)
+    cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None, max_dp=5000)
     assert closed
     A = float(pi @ np.array([n.count for n in pb.cluster.nodes])) + mu * P
     if A >= M * (1 - 1e-9):
         pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
     kappa = (M - A) / P - 1 + mu
-    true = min(s.total + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
+    true = min(s.total + W[s.stages] + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
     assert cert <= true * (1 + 1e-9) + 1e-12
     assert cert >= true - 1e-4 * abs(true)
 
@@ -127,3 +136,90 @@ def test_exact_solvers_with_fluid_bound_stay_exact(method: str) -> None:
     assert res.params["fluid_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
     assert res.status is SolveStatus.OPTIMAL, res.reason
     assert res.iteration_time_s == pytest.approx(bf.iteration_time_s, rel=1e-6)
+
+
+def test_stage_floors_equal_the_sync_and_optimizer_formulas() -> None:
+    """w = σ + o, σ from CostTables.sync_layer_lb on the stage's parameters (vectorised exactly)."""
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0, layers=4)
+    tables = build_tables(pb)
+    model = pb.model
+    pr = pricer_for(tables)
+    for P in (1, 2, 3):
+        ex = pr.extras(P)
+        for pos, (first, last) in {"mid": (0, 0), "first": (1, 0), "last": (0, 1), "single": (1, 1)}.items():
+            for o in tables.options:
+                for ell in range(1, model.layers + 1):
+                    params = ell * model.params_per_layer + first * model.embedding_params + last * model.head_params
+                    opt = (tables.opt_layer[o.index] * ell + first * tables.opt_first[o.index]
+                           + last * tables.opt_last[o.index])
+                    want = tables.sync_layer_lb(o.index, P, params) + opt
+                    assert getattr(ex, pos)[o.index, 0, ell - 1] == pytest.approx(want, rel=1e-8)
+                    assert getattr(ex, pos)[o.index, 0, ell - 1] <= want
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7])
+def test_every_stage_floor_is_below_the_evaluated_sync_plus_optimizer(seed: int) -> None:
+    rng = random.Random(seed)
+    pb = make_problem(mem=(4, 4), gb=rng.randint(4, 8), seq=2048, inter=rng.choice([2.0, 5.0, 100.0]))
+    bf = solve(pb, "bruteforce")
+    tables = build_tables(pb)
+    pr = pricer_for(tables)
+    ev = bf.evaluation
+    P = len(bf.plan.pipelines)
+    for p in range(P):
+        s = shape_from_stages(tables, [(next(o.index for o in tables.options if (o.node, o.tp) == (st.node, st.tp)),
+                                        st.num_layers) for st in bf.plan.pipelines[p].stages])
+        assert pr.stage_w(s.stages, pr.extras(P)) <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12)
+
+
+def plan_locality(plan) -> Locality:
+    """The locality cell a plan lies in: (layer, node) local when every pipeline holds the layer on
+    that node, spread when some but not all do."""
+    held: dict[tuple[int, int], int] = {}
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            for i in range(*st.layers):
+                held[(i, st.node)] = held.get((i, st.node), 0) + 1
+    P = len(plan.pipelines)
+    return Locality(local=frozenset(k for k, v in held.items() if v == P),
+                    spread=frozenset(k for k, v in held.items() if v < P))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stage_floors_in_a_plans_own_locality_cell_stay_below_its_sync_plus_optimizer(seed: int) -> None:
+    """The branch-and-price lemma (docs §15): under the locality the plan itself has, no stage's floor
+    exceeds the plan's evaluated sync + optimizer — for every enumerated plan with ≥ 2 pipelines."""
+    rng = random.Random(seed)
+    pb = make_problem(gpus=(rng.randint(1, 3), rng.randint(1, 3)), mem=(4, 4), gb=rng.randint(2, 5), seq=1024,
+                      layers=rng.randint(2, 4), inter=rng.choice([2.0, 5.0, 100.0]))
+    tables = build_tables(pb)
+    pr = pricer_for(tables)
+    idx = {(o.node, o.tp): o.index for o in tables.options}
+    checked = 0
+    for plan in itertools.islice(enumerate_plans(pb), 400):
+        P = len(plan.pipelines)
+        if P < 2:
+            continue
+        ev = evaluate(plan)
+        ex = pr.extras(P, plan_locality(plan))
+        for pipe in plan.pipelines:
+            stages = tuple((idx[(st.node, st.tp)], st.num_layers) for st in pipe.stages)
+            w = stage_w(stages, ex)
+            assert w <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12), (plan, w, ev.grad_sync_s, ev.optimizer_s)
+        checked += 1
+    assert checked > 0
+
+
+def test_a_spread_layer_costs_more_than_an_open_one_and_local_forbids_other_nodes() -> None:
+    pb = make_problem(gpus=(2, 2), mem=(4, 4), gb=4, seq=1024, inter=2.0)
+    tables = build_tables(pb)
+    open_ = stage_extras(tables, 2)
+    spread = stage_extras(tables, 2, Locality(spread=frozenset({(1, 0)})))
+    local = stage_extras(tables, 2, Locality(local=frozenset({(1, 0)})))
+    fast = next(o.index for o in tables.options if o.node == 0)
+    slow = next(o.index for o in tables.options if o.node == 1)
+    # a stage on node 0 holding layers 0..1: layer 1 now syncs across nodes
+    assert spread.mid[fast, 0, 1] > open_.mid[fast, 0, 1]
+    # layer 1 local at node 0: node 1 may not hold it, node 0 may (at its own link)
+    assert np.isinf(local.mid[slow, 1, 0]) and np.isfinite(local.mid[fast, 1, 0])
+    assert np.isfinite(local.mid[slow, 2, 0])

@@ -1,0 +1,264 @@
+"""Pipeline shapes and their pricing: the shortest-path DP behind the fluid bound (docs/formulation.md §14).
+
+A *shape* is an ordered list of stages (option c = node and TP degree, ℓ ≥ 1 layers) with its sum
+S = Σ u_k and bottleneck U = max u_k of the evaluator's tabulated stage times. :class:`ShapePricer`
+finds, for batches of caps on u (and optionally on w), the shape minimising S + w·π·g (π = node
+multipliers, g = GPUs used per node) by a vectorised backward DP over (layers covered, node of the
+next stage and GPUs its run of consecutive stages on that node uses).
+
+*Extras* (w): per-stage floors on the plan's gradient-sync plus optimizer seconds for a given number
+of pipelines and layer locality (:mod:`.stage_floors`); the DP can cap them like u.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from hexhelix.ir.plan import Plan
+
+from .candidates import CostTables
+from .stage_floors import NO_LOCALITY, Locality, StageExtras, stage_extras, stage_w
+
+__all__ = ["Shape", "ShapePricer", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """An ordered pipeline shape: ``stages`` = ((option, layers), ...), per-node GPU use, S and U."""
+
+    stages: tuple[tuple[int, int], ...]
+    gpus: tuple[int, ...]
+    total: float        # S = Σ u_k
+    bottleneck: float   # U = max u_k
+
+    def micro_batches_within(self, t: float) -> float:
+        """r(t) = 1 + (t − S)/U: the most micro-batches this shape runs within t (fractional)."""
+        return 1.0 + (t - self.total) / self.bottleneck
+
+
+class ShapePricer:
+    """Shortest paths over (layers covered, state of the next stage) for batches of caps."""
+
+    def __init__(self, tables: CostTables) -> None:
+        self.t = tables
+        L = tables.layers
+        self.L = L
+        self.N = len(tables.problem.cluster.nodes)
+        opts = tables.options
+        self.C = len(opts)
+        self.node = np.array([o.node for o in opts])
+        self.tp = np.array([o.tp for o in opts], dtype=float)
+        tau = np.array([tables.time_layer[o.index] for o in opts])
+        emb = np.array([tables.time_first[o.index] for o in opts])
+        head = np.array([tables.time_last[o.index] for o in opts])
+        comm = np.array([[tables.comm.get((o.node, b), math.inf) for b in range(self.N)] for o in opts])  # (C, N)
+        ell = np.arange(1, L + 1, dtype=float)
+
+        def cap(first: bool, last: bool) -> np.ndarray:
+            return np.array([min(L, tables.max_layers(o.index, first, last, 1)) for o in opts])
+
+        ok = ell[None, :] <= cap(False, False)[:, None]                                  # (C, L)
+        self.u_mid = np.where(ok[:, :, None], tau[:, None, None] * ell[None, :, None] + comm[:, None, :], math.inf)
+        okf = ell[None, :] <= cap(True, False)[:, None]
+        self.u_first = np.where(okf[:, :, None], (tau[:, None] * ell[None, :] + emb[:, None])[:, :, None]
+                                + comm[:, None, :], math.inf)                            # (C, L, N)
+        okl = ell[None, :] <= cap(False, True)[:, None]
+        self.u_last = np.where(okl, tau[:, None] * ell[None, :] + head[:, None], math.inf)  # (C, L)
+        oks = ell[None, :] <= cap(True, True)[:, None]
+        self.u_single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
+        # run states (node a, GPUs r used by the run of consecutive stages on a that starts here)
+        counts = [node.count for node in tables.problem.cluster.nodes]
+        states = [(a, r) for a in range(self.N) for r in range(1, counts[a] + 1)]
+        sidx = {st: i for i, st in enumerate(states)}
+        S = self.S = len(states)
+        snode = np.array([a for a, _ in states])
+        ns = np.full((self.C, S), -1, dtype=np.int64)      # state after putting option c before state s
+        for c, o in enumerate(opts):
+            for sb, (b, rb) in enumerate(states):
+                r = o.tp + (rb if b == o.node else 0)
+                ns[c, sb] = sidx.get((o.node, r), -1)
+        self.valid = ns >= 0
+        # candidates of each new state (a, r), as indices into [mv (C·S) | fresh run (C) | inf]:
+        # option c on a with tp r after a stage on another node, or tp t < r before the run (a, r − t)
+        pairs: list[list[int]] = [[] for _ in range(S)]
+        for c, o in enumerate(opts):
+            for sb, (b, _) in enumerate(states):
+                if b == o.node and ns[c, sb] >= 0:
+                    pairs[ns[c, sb]].append(c * S + sb)
+            if (o.node, o.tp) in sidx:
+                pairs[sidx[(o.node, o.tp)]].append(self.C * S + c)
+        width = max(1, max(len(x) for x in pairs))
+        self.gather = np.full((S, width), self.C * S + self.C, dtype=np.int64)
+        for i, x in enumerate(pairs):
+            self.gather[i, : len(x)] = x
+        self.other_node = np.array([[b != o.node for b, _ in states] for o in opts])       # (C, S)
+        self.last_into = np.zeros((S, self.C), dtype=bool)
+        for c, o in enumerate(opts):
+            if (o.node, o.tp) in sidx:
+                self.last_into[sidx[(o.node, o.tp)], c] = True
+        self.u_mid_s = self.u_mid[:, :, snode]                                           # (C, L, S)
+        self.u_first_s = self.u_first[:, :, snode]
+        n_gpus = tables.problem.cluster.num_gpus
+        self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
+        self._extras: dict[tuple[int, Locality], StageExtras] = {}
+
+    def solve(self, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
+              wcaps: np.ndarray | None = None, extras: StageExtras | None = None) -> tuple[np.ndarray, list]:
+        """For each k: min over shapes with every u ≤ caps[k] (and every run of consecutive stages on
+        one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
+        the values (inf when no shape fits) and the argmin shapes (None when infeasible). States:
+        (node of the next stage, GPUs its run uses)."""
+        K, L, C, S = len(caps), self.L, self.C, self.S
+        inf = math.inf
+        if extras is None:
+            wk = None
+        else:
+            wk = np.full((K, 1), inf) if wcaps is None else np.asarray(wcaps, dtype=float)[:, None]  # (K, 1)
+
+        def wok(w: np.ndarray | None) -> np.ndarray | bool:
+            """Stages whose w fits the cap: w (C,) gives (K, C); w (C, ℓ) gives (K, C, ℓ, 1)."""
+            if wk is None or w is None:
+                return True
+            if w.ndim == 1:
+                return w[None, :] <= wk
+            return w[None, :, :, None] <= wk[:, :, None, None]
+        pen = weights[:, None] * (pi[self.node] * self.tp)[None, :]                      # (K, C)
+        G = np.full((L + 1, K, S), inf)
+        back: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        capk = caps[:, None, None, None]
+        for j in range(L - 1, 0, -1):
+            span = L - j
+            ul = self.u_last[:, span - 1]
+            okl = (ul[None, :] <= caps[:, None]) & wok(extras.last[:, j, span - 1] if extras else None)
+            lv = np.where(okl, ul[None, :] + pen, inf)                                   # (K, C)
+            lm = np.where(self.last_into[None], lv[:, None, :], inf)                     # (K, S, C)
+            lc = lm.argmin(axis=2)
+            new = np.take_along_axis(lm, lc[:, :, None], 2)[:, :, 0]
+            code = C * S + lc
+            lsel = None
+            if span > 1:
+                um = self.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
+                nxt = G[j + 1: L].transpose(1, 0, 2)                                     # (K, ℓ, S)
+                okm = (um[None] <= capk) & wok(extras.mid[:, j, : span - 1] if extras else None)
+                val = np.where(okm, um[None] + nxt[:, None], inf)                        # (K, C, ℓ, S)
+                lsel = val.argmin(axis=2)                                                # (K, C, S)
+                mv = np.take_along_axis(val, lsel[:, :, None, :], 2)[:, :, 0, :] + pen[:, :, None]
+                fresh_m = np.where(self.other_node[None], mv, inf)                       # (K, C, S)
+                fresh_s = fresh_m.argmin(axis=2)
+                fresh = np.take_along_axis(fresh_m, fresh_s[:, :, None], 2)[:, :, 0]     # (K, C)
+                ext = np.concatenate([mv.reshape(K, C * S), fresh, np.full((K, 1), inf)], axis=1)
+                into = ext[:, self.gather]                                               # (K, S, width)
+                gi = into.argmin(axis=2)
+                mvals = np.take_along_axis(into, gi[:, :, None], 2)[:, :, 0]
+                mi = self.gather[np.arange(S)[None, :], gi]
+                # a fresh run: recover the successor state of the chosen option
+                is_fresh = mi >= C * S
+                cf = np.clip(mi - C * S, 0, C - 1)
+                mi = np.where(is_fresh, cf * S + np.take_along_axis(fresh_s, cf, 1), mi)
+                better = mvals < new
+                new = np.where(better, mvals, new)
+                code = np.where(better, mi, code)
+            G[j] = new
+            back[j] = (code, lsel)
+        us = self.u_single[:, L - 1]
+        oks = (us[None, :] <= caps[:, None]) & wok(extras.single[:, 0, L - 1] if extras else None)
+        best = np.where(oks, us[None, :] + pen, inf)                                    # (K, C)
+        choice = np.full((K, C), -1, dtype=np.int64)
+        if L > 1:
+            uf = self.u_first_s[:, : L - 1, :]
+            nxt = G[1:L].transpose(1, 0, 2)
+            okf = (uf[None] <= capk) & self.valid[None, :, None, :] & wok(extras.first[:, 0, : L - 1] if extras else None)
+            val = np.where(okf, uf[None] + nxt[:, None], inf)
+            flat = val.reshape(K, C, -1)
+            idx = flat.argmin(axis=2)
+            mv = np.take_along_axis(flat, idx[:, :, None], 2)[:, :, 0] + pen
+            better = mv < best
+            best = np.where(better, mv, best)
+            choice = np.where(better, idx, choice)
+        c0 = best.argmin(axis=1)
+        vals = best[np.arange(K), c0]
+        shapes: list = []
+        for k in range(K):
+            if not math.isfinite(vals[k]):
+                shapes.append(None)
+                continue
+            c, ch = int(c0[k]), int(choice[k, c0[k]])
+            if ch < 0:
+                shapes.append(self.shape([(c, L)]))
+                continue
+            li, state = divmod(ch, S)
+            stages, j = [(c, li + 1)], li + 1
+            while True:
+                code, lsel = back[j]
+                cd = int(code[k, state])
+                if cd >= C * S:
+                    stages.append((cd - C * S, L - j))
+                    break
+                c, state_b = divmod(cd, S)
+                li = int(lsel[k, c, state_b])
+                stages.append((c, li + 1))
+                j, state = j + li + 1, state_b
+            shapes.append(self.shape(stages))
+        return vals, shapes
+
+    def shape(self, stages: list[tuple[int, int]]) -> Shape:
+        """Exact S and U of an ordered stage list from the tabulated evaluator pieces."""
+        K = len(stages)
+        u = []
+        for k, (c, ell) in enumerate(stages):
+            nxt = self.node[stages[k + 1][0]] if k + 1 < K else None
+            if K == 1:
+                u.append(self.u_single[c, ell - 1])
+            elif k == 0:
+                u.append(self.u_first[c, ell - 1, nxt])
+            elif nxt is None:
+                u.append(self.u_last[c, ell - 1])
+            else:
+                u.append(self.u_mid[c, ell - 1, nxt])
+        g = [0] * self.N
+        for c, _ in stages:
+            g[self.node[c]] += int(self.tp[c])
+        return Shape(stages=tuple(stages), gpus=tuple(g), total=float(sum(u)), bottleneck=float(max(u)))
+
+    def extras(self, replicas: int, locality: Locality = NO_LOCALITY) -> StageExtras:
+        """Per-stage floors on sync + optimizer seconds with ``replicas`` pipelines under ``locality``
+        (:mod:`.stage_floors`; cached)."""
+        key = (replicas, locality)
+        hit = self._extras.get(key)
+        if hit is None:
+            if len(self._extras) > 64:
+                self._extras.clear()
+            hit = self._extras[key] = stage_extras(self.t, replicas, locality)
+        return hit
+
+    @staticmethod
+    def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras) -> float:
+        """W = max over the stages of w (:func:`.stage_floors.stage_w`)."""
+        return stage_w(stages, extras)
+
+
+def shape_of_pipeline(tables: CostTables, plan: Plan, p: int) -> Shape:
+    """The shape of pipeline ``p`` of ``plan`` (S and U from the same tabulated pieces)."""
+    idx = {(o.node, o.tp): o.index for o in tables.options}
+    return shape_from_stages(tables, [(idx[(st.node, st.tp)], st.num_layers) for st in plan.pipelines[p].stages])
+
+
+def shape_from_stages(tables: CostTables, stages: list[tuple[int, int]]) -> Shape:
+    """The shape of an ordered list of (option index, layers); S and U are inf when a stage breaks
+    the lenient memory cap (one micro-batch in flight)."""
+    return pricer_for(tables).shape(stages)
+
+
+_PRICERS: dict[int, tuple[CostTables, ShapePricer]] = {}
+
+
+def pricer_for(tables: CostTables) -> ShapePricer:
+    """The (cached) pricer of ``tables``: one at a time, rebuilt when the tables change."""
+    hit = _PRICERS.get(id(tables))
+    if hit is None or hit[0] is not tables:
+        _PRICERS.clear()
+        hit = (tables, ShapePricer(tables))
+        _PRICERS[id(tables)] = hit
+    return hit[1]
