@@ -191,6 +191,12 @@ def _rank_main(rank: int, world: int, port: int, prog_path: str, warmup: int, st
     result = {"times": t.tolist(), "cpu": statistics.median(cpu)} if mode == "time" else {"peak": max(peaks)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+    # Leave without interpreter teardown (as runtime/__main__.py does): gloo's C++ thread
+    # destructors at exit occasionally abort a rank after a clean run ("terminate called without
+    # an active exception"). The result is written and the group destroyed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _launch(program, warmup: int, steps: int, mode: str, timeout_s: float) -> list[dict[str, Any]]:
@@ -323,16 +329,18 @@ def render(rows: list[dict[str, Any]], rounds: list[dict[str, Any]], profile, pr
 
 
 def activation_note(profile) -> str:
-    """The cost model's activation bytes per layer and micro-batch against what autograd saved in
-    the profiler's one-layer run (a diagnostic the profile carries in its meta)."""
+    """The cost model's activation bytes per layer and micro-batch (with this profile) against what
+    autograd saved in the profiler's run of the runtime's stage module (the profile's meta)."""
     from hexhelix.solver.cost import activation_bytes_per_layer
 
     saved = profile.meta.get("saved_activation_bytes_per_layer", {})
-    parts = [f"TP {tp}: formula {activation_bytes_per_layer(_model(), _training(1), int(tp)) / 2**20:.2f} MiB, "
-             f"autograd saved {b / 2**20:.2f} MiB" for tp, b in sorted(saved.items())]
-    return ("Activation bytes per layer and micro-batch (b 1): " + "; ".join(parts) + ". The formula "
-            "(Korthikanti et al., no recompute) keeps the attention scores (5·a·s²·b); the runtime's SDPA "
-            "does not, so plans that hold many micro-batches (GPipe) are over-predicted.") if parts else ""
+    parts = [f"TP {tp}: formula {activation_bytes_per_layer(_model(), _training(1), int(tp), profile) / 2**20:.2f}"
+             f" MiB, autograd saved {b / 2**20:.2f} MiB" for tp, b in sorted(saved.items())]
+    kept = ("keeps" if profile.attention_scores_saved else "drops")
+    return ("Activation bytes per layer and micro-batch (b 1): " + "; ".join(parts) + ". The profile says "
+            f"attention_scores_saved = {str(profile.attention_scores_saved).lower()} (whether autograd kept an "
+            f"(…, s, s) score tensor in the runtime's layer), so the formula {kept} the 5·a·s²·b term "
+            "(Korthikanti et al.).") if parts else ""
 
 
 def write_readme(text: str) -> None:

@@ -11,7 +11,19 @@ assumptions, not measurements:
   GEMM with a collective 0.9, attention with a collective 0.75, memory-bound compute with a
   collective 0.5, collectives on different links 1.0 (independent); two collectives on the same
   link are illegal to pair;
-* 1 GiB per GPU reserved for the CUDA context, NCCL buffers and allocator slack.
+* 1 GiB per GPU reserved for the CUDA context, NCCL buffers and allocator slack;
+* the attention score matrix (5·a·s²·b bytes per layer, Korthikanti et al.) is kept for the
+  backward (``attention_scores_saved``), as an unfused attention does.
+
+Two fields are written by ``hexhelix profile`` from measurements and default to the behaviour
+above when absent (so a profile/1 file without them reads as before):
+
+* the efficiency class ``optimizer`` (in ``efficiency`` or ``per_gpu_efficiency``): the AdamW step
+  as a fraction of memory bandwidth, measured on the runtime's own optimizer; a profile without it
+  uses the ``elementwise`` efficiency (see :meth:`Profile.eff`'s ``fallback``);
+* ``attention_scores_saved``: false when the profiler saw that autograd keeps no (…, s, s)
+  score tensor in the runtime's layer (fused SDPA recomputes it); the cost model then drops the
+  5·a·s²·b term of the activation formula.
 
 ``links`` maps a communication class (``all_reduce``, ``all_gather``, ``reduce_scatter``,
 ``send_recv``) to ``{"bw_factor": b, "alpha_factor": a}``: the measured β and α of that class,
@@ -65,6 +77,7 @@ class Profile:
     links: dict[str, dict[str, float]] = field(default_factory=dict)
     oef: dict[str, float] = field(default_factory=_default_oef)
     runtime_reserve_bytes: int = 2**30
+    attention_scores_saved: bool = True
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,9 +97,15 @@ class Profile:
                     raise InvalidInputError(f"expected bw_factor > 0 and alpha_factor >= 0, got {key}={v!r}",
                                             field=f"links.{cls}.{key}")
 
-    def eff(self, gpu: str, op_class: str) -> float:
-        """Fraction of peak (compute ops) or of memory bandwidth (memory-bound ops) achieved."""
+    def eff(self, gpu: str, op_class: str, fallback: str | None = None) -> float:
+        """Fraction of peak (compute ops) or of memory bandwidth (memory-bound ops) achieved.
+
+        A class that neither ``per_gpu_efficiency[gpu]`` nor ``efficiency`` names takes the
+        ``fallback`` class's value when one is given (e.g. ``optimizer`` falls back to
+        ``elementwise``), else 0.5."""
         per = self.per_gpu_efficiency.get(gpu, {})
+        if fallback is not None and op_class not in per and op_class not in self.efficiency:
+            return self.eff(gpu, fallback)
         return per.get(op_class, self.efficiency.get(op_class, 0.5))
 
     def link_factors(self, op_class: str) -> tuple[float, float]:
@@ -102,7 +121,8 @@ class Profile:
         return {"schema": PROFILE_SCHEMA, "device": self.device, "efficiency": self.efficiency,
                 "per_gpu_efficiency": self.per_gpu_efficiency, "gpu_overrides": self.gpu_overrides,
                 "link_efficiency": self.link_efficiency, "links": self.links, "oef": self.oef,
-                "runtime_reserve_bytes": self.runtime_reserve_bytes, "meta": self.meta}
+                "runtime_reserve_bytes": self.runtime_reserve_bytes,
+                "attention_scores_saved": self.attention_scores_saved, "meta": self.meta}
 
     @classmethod
     def from_dict(cls, d: Any, *, source: str | None = None) -> Profile:
@@ -150,6 +170,9 @@ def _check_shapes(p: Profile) -> None:
                 raise InvalidInputError(f"must be a number, got {v!r}", field=f"{name}.{k}")
     if not _is_num(p.link_efficiency):
         raise InvalidInputError(f"must be a number, got {p.link_efficiency!r}", field="link_efficiency")
+    if not isinstance(p.attention_scores_saved, bool):
+        raise InvalidInputError(f"must be true or false, got {p.attention_scores_saved!r}",
+                                field="attention_scores_saved")
     if not _is_num(p.runtime_reserve_bytes) or p.runtime_reserve_bytes < 0:
         raise InvalidInputError(f"must be a non-negative number of bytes, got {p.runtime_reserve_bytes!r}",
                                 field="runtime_reserve_bytes")

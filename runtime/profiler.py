@@ -10,10 +10,15 @@ What is measured (each a median over ``repeats`` after ``warmup`` runs):
   degree), as the equivalent torch kernel; the efficiency of an op class is the graph's own work
   (FLOPs for GEMM/attention, bytes for norm/elementwise) divided by peak × measured time, summed
   over the class, so the cost model's ``op.flops / (peak × eff)`` reproduces the measured sum;
-* one whole layer forward+backward through autograd at the same sizes: its ratio to the sum of
-  the layer's isolated kernels (autograd bookkeeping, launches, cold caches) is folded into the
-  efficiencies (:func:`calibrate`);
-* collectives and point-to-point messages over gloo/NCCL (:mod:`.profiler_comm`), fitted to the
+* the runtime's own stage module (:class:`~hexhelix.runtime.torch_model.StageModule`, collectives
+  off) forward+backward with 1 and 3 layers at the same sizes: the per-layer slope over the sum of
+  the layer's isolated kernels (autograd bookkeeping, the runtime's RoPE and norms, cold caches)
+  is folded into the efficiencies (:func:`calibrate`); the intercept is recorded as a diagnostic;
+* the bytes autograd saves per layer of that module, and whether an attention score matrix is
+  among them (``attention_scores_saved``);
+* the runtime's AdamW step over a 3-layer stage (the ``optimizer`` efficiency);
+* collectives and point-to-point messages over gloo/NCCL (:mod:`.profiler_comm`), each
+  collective also as a step issues it (after a GEMM, on a fresh tensor), fitted to the
   cost model's α–β form, and the overlap factor (OEF, DHelix Eq. 1) of each compute class with
   each communication class; compute with compute is measured with two CUDA streams, or on a CPU
   with two threads per rank while two ranks run (a rank's device is its core); on a single GPU
@@ -42,13 +47,23 @@ from hexhelix.ir.profile import Profile
 
 from .profiler_calibrate import COMPUTE_CLASSES, Measurements, StepsFn, calibrate, local_cluster
 from .profiler_comm import COLLECTIVES, CommSpec, oef, run_comm_profile
-from .profiler_kernels import layer_kernels, layer_saved_bytes, make_kernel, make_layer_step
+from .profiler_kernels import (
+    layer_kernels,
+    layer_saved_tensors,
+    make_kernel,
+    make_layer_step,
+    make_optimizer_step,
+)
 
 __all__ = ["Measurements", "ProfileOptions", "calibrate", "local_cluster", "measure", "profile_machine",
            "time_fn"]
 
 logger = logging.getLogger(__name__)
 Progress = Callable[[str], None]
+#: Layer counts of the runtime stage module the profiler times (the per-layer cost is the slope
+#: between them). A calibration program, not a fidelity case: no benchmarked stage has 1 or 3
+#: layers at micro-batch 1 (benchmarks/fidelity.py).
+CALIBRATION_LAYERS = (1, 3)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +199,9 @@ def measure_compute(opts: ProfileOptions, progress: Progress) -> Measurements:
     m.mem_Bps = 2.0 * nbytes / t  # read + write
     overhead: dict[int, float] = {}
     saved: dict[int, int] = {}
+    stage_fit: dict[int, dict[str, float]] = {}
+    scores: list[bool] = []
+    k1, k2 = CALIBRATION_LAYERS
     for tp in opts.tp_degrees:
         kernels = layer_kernels(opts.model, opts.training, tp)
         progress(f"profile: {len(kernels)} compute ops of {opts.model.name} at TP {tp}")
@@ -193,15 +211,34 @@ def measure_compute(opts: ProfileOptions, progress: Progress) -> Measurements:
             m.ops.append({"tp": tp, "name": op.name, "class": op.op_class.value, "flops": op.flops,
                           "mem_bytes": op.mem_bytes, "seconds": t})
             layer_s += t if op.name in layer_ops else 0.0
-        progress(f"profile: one layer forward+backward through autograd at TP {tp}")
-        t = time_fn(make_layer_step(opts.model, opts.training, tp, device, opts.dtype, seed=opts.seed),
-                    warmup=w, repeats=r, sync=sync, clock=clk)
-        overhead[tp] = t / layer_s
-        saved[tp] = layer_saved_bytes(opts.model, opts.training, tp, device, opts.dtype, seed=opts.seed)
+        progress(f"profile: the runtime's stage module ({k1} and {k2} layers) forward+backward at TP {tp}")
+        t1, t2 = (time_fn(make_layer_step(opts.model, opts.training, tp, device, opts.dtype, layers=k,
+                                          seed=opts.seed), warmup=w, repeats=r, sync=sync, clock=clk)
+                  for k in (k1, k2))
+        per_layer = (t2 - t1) / (k2 - k1)
+        if per_layer <= 0:  # noise swamped the difference: the longer run's mean per layer
+            per_layer = t2 / k2
+        overhead[tp] = per_layer / layer_s
+        stage_fit[tp] = {"layers": [k1, k2], "seconds": [t1, t2], "per_layer_s": per_layer,
+                         "intercept_s": t1 - k1 * per_layer, "kernel_sum_s": layer_s}
+        b1, sc1 = layer_saved_tensors(opts.model, opts.training, tp, device, opts.dtype, layers=k1, seed=opts.seed)
+        b2, sc2 = layer_saved_tensors(opts.model, opts.training, tp, device, opts.dtype, layers=k2, seed=opts.seed)
+        saved[tp] = (b2 - b1) // (k2 - k1)
+        scores.append(sc1 or sc2)
     m.meta["layer_overhead"] = overhead
-    # Diagnostic (the cost model keeps Korthikanti's formula): bytes autograd saves per layer and
-    # micro-batch, to compare with activation_bytes_per_layer.
+    # The fixed part of a stage's F+B (intercept) is recorded as a diagnostic: on the CPU it is
+    # below the timing noise, so the cost model has no per-instruction term.
+    m.meta["stage_step_fit"] = stage_fit
+    # Bytes autograd saves per layer and micro-batch in the runtime's layer, and whether an
+    # attention score matrix was among them (calibrate sets attention_scores_saved from it).
     m.meta["saved_activation_bytes_per_layer"] = saved
+    m.meta["attention_scores_saved"] = any(scores)
+    progress(f"profile: the runtime's AdamW step over a {k2}-layer stage")
+    step, nparams = make_optimizer_step(opts.model, opts.training, min(opts.tp_degrees), device, opts.dtype,
+                                        layers=k2, seed=opts.seed)
+    t = time_fn(step, warmup=w, repeats=r, sync=sync, clock=clk)
+    m.meta["optimizer"] = {"params": nparams, "seconds": t,
+                           "state_bytes_per_param": opts.training.state_bytes_per_param}
     # The peak is the best GEMM rate seen, square or at the plan's shapes (so no GEMM efficiency
     # exceeds 1 because the square runs met a busier moment of a shared machine).
     best = max((o["flops"] / o["seconds"] for o in m.ops if o["class"] == "gemm"), default=0.0)
@@ -353,7 +390,8 @@ def measure(opts: ProfileOptions, *, progress: Progress | None = None) -> Measur
                         oef_compute=_pick_oef_kernels(opts), threads=opts.threads, timeout_s=opts.timeout_s,
                         seed=opts.seed)
         raw = run_comm_profile(spec, progress=progress)
-        m.comm = {"collectives": raw["collectives"], "send_recv": raw["send_recv"]}
+        m.comm = {"collectives": raw["collectives"], "send_recv": raw["send_recv"],
+                  "collectives_in_step": raw.get("collectives_in_step", [])}
         m.oef.update(raw["oef"])
         if not opts.cuda:
             m.reserve_bytes = int(raw["rss_after_init"])

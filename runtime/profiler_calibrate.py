@@ -66,14 +66,17 @@ def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
         collective formula T = steps·α + factor·S/β (``hexhelix.solver.cost.collective_steps``
         and ``ring_factor``); the fitted α, β are therefore in the cost model's own units.
     base : profile whose unmeasured fields are kept (default: the documented defaults).
-    fold_overhead : divide every efficiency by the measured ratio of a whole layer through
-        autograd to the sum of its isolated kernels (``meta["layer_overhead"]``), so framework
-        overhead is part of the calibrated op times; the kernel-only values stay in
-        ``meta["kernel_efficiency"]``.
+    fold_overhead : divide every compute efficiency by the measured ratio of a layer of the
+        runtime's stage module through autograd to the sum of its isolated kernels (mean over the
+        TP degrees of ``meta["layer_overhead"]``), so framework overhead is part of the calibrated
+        op times; the kernel-only values stay in ``meta["kernel_efficiency"]``. The
+        ``optimizer`` class is never folded.
 
     Returns
     -------
-    Profile with ``per_gpu_efficiency[gpu_type]``, ``gpu_overrides[gpu_type]`` (CPU or a GPU not
+    Profile with ``per_gpu_efficiency[gpu_type]`` (the compute classes, and ``optimizer`` from the
+    timed AdamW step in ``meta["optimizer"]``), ``attention_scores_saved`` (from
+    ``meta["attention_scores_saved"]``, else the base's), ``gpu_overrides[gpu_type]`` (CPU or a GPU not
     in the catalog), ``links`` (per collective class: ``bw_factor``/``alpha_factor`` relative to
     the measured point-to-point link, whose α and β go to the cluster file, see
     :func:`local_cluster`), ``link_efficiency`` 1.0 when links were measured, measured OEF
@@ -105,6 +108,12 @@ def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
         if not 1e-4 <= e <= 1.5:
             logger.warning("measured %s efficiency %.4g clamped to [1e-4, 1.5]", cls, e)
         eff[cls] = min(1.5, max(1e-4, e))
+    opt = m.meta.get("optimizer")
+    if opt and opt.get("seconds", 0) > 0:
+        # The cost model's AdamW time is 2·P·B_state / (mem × eff): solve it for eff on the
+        # measured step (not folded: the optimizer runs outside autograd).
+        e = 2.0 * opt["params"] * opt["state_bytes_per_param"] / (mem * opt["seconds"])
+        eff["optimizer"] = min(1.5, max(1e-4, e))
     overrides = dict(base.gpu_overrides)
     if override:
         overrides[m.gpu_type] = {"tflops": m.peak_flops / 1e12, "mem_GBps": m.mem_Bps / 1e9}
@@ -113,6 +122,8 @@ def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
     links, link_eff = dict(base.links), base.link_efficiency
     if m.comm:
         meta["comm_samples"] = m.comm["collectives"] + m.comm["send_recv"]
+        if m.comm.get("collectives_in_step"):
+            meta["comm_samples_in_step"] = m.comm["collectives_in_step"]
         fits, failed = _fit_links(m.comm, steps, factor)
         p2p = fits.get("send_recv")
         if p2p is None:
@@ -136,6 +147,7 @@ def calibrate(m: Measurements, *, steps: StepsFn, factor: StepsFn,
                    per_gpu_efficiency={**base.per_gpu_efficiency, m.gpu_type: eff}, gpu_overrides=overrides,
                    link_efficiency=link_eff, links=links, oef=oef_table,
                    runtime_reserve_bytes=m.reserve_bytes if m.reserve_bytes is not None else base.runtime_reserve_bytes,
+                   attention_scores_saved=bool(m.meta.get("attention_scores_saved", base.attention_scores_saved)),
                    meta=meta)
 
 
@@ -143,9 +155,12 @@ def _fit_links(comm: dict[str, Any], steps: StepsFn, factor: StepsFn) -> tuple[d
     """α–β fit per communication class in the cost model's form; classes whose data cannot be
     fitted (noise with no bandwidth trend) are reported, not fatal."""
     series = {"send_recv": (comm["send_recv"], lambda n: 1.0, lambda n: 1.0)}
+    in_step = comm.get("collectives_in_step") or []
     for c in COLLECTIVES:
-        series[c] = ([s for s in comm["collectives"] if s["op"] == c],
-                     lambda n, c=c: steps(c, n), lambda n, c=c: factor(c, n))
+        # Collectives as a step issues them (after compute, see profiler_comm._collectives_in_step)
+        # when measured; back-to-back calls otherwise (older measurements, or no GEMM to interleave).
+        rows = [s for s in in_step if s["op"] == c] or [s for s in comm["collectives"] if s["op"] == c]
+        series[c] = (rows, lambda n, c=c: steps(c, n), lambda n, c=c: factor(c, n))
     fits, failed = {}, {}
     for c, (samples, st, fa) in series.items():
         try:

@@ -185,13 +185,17 @@ class _Rank:
         if self.cuda:
             self.torch.cuda.synchronize()
 
-    def coll(self, name: str, n: int, nbytes: int, *, async_op: bool = False) -> Callable[[], Any]:
-        """A closure running collective ``name`` of ``nbytes`` payload (full tensor) on group n."""
+    def coll(self, name: str, n: int, nbytes: int, *, async_op: bool = False,
+             fresh: bool = False) -> Callable[[], Any]:
+        """A closure running collective ``name`` of ``nbytes`` payload (full tensor) on group n;
+        ``fresh``: an all-reduce runs on a new copy each call, as the runtime's TP operators do."""
         torch, dist = self.torch, self.dist
         g = self.groups[n]
         el = max(n, (nbytes // torch.tensor([], dtype=self.dtype).element_size()) // n * n)
         full = torch.ones(el, dtype=self.dtype, device=self.device)
         part = torch.empty(el // n, dtype=self.dtype, device=self.device)
+        if name == "all_reduce" and fresh:
+            return lambda: dist.all_reduce(full.clone(), group=g, async_op=async_op)
         if name == "all_reduce":
             return lambda: dist.all_reduce(full, group=g, async_op=async_op)
         if name == "all_gather":
@@ -285,6 +289,7 @@ def _worker(rank: int, spec: CommSpec, port: int, out: str,
                     results["collectives"].append({"op": name, "n": n, "bytes": size, "seconds": t})
             dist.barrier()
         del g
+    _collectives_in_step(ctx, spec, results, progress)
     _report(rank, progress, f"profile: send/recv between 2 ranks, {len(spec.sizes)} sizes")
     if rank < 2:
         for size in spec.sizes:
@@ -325,6 +330,46 @@ def _worker(rank: int, spec: CommSpec, port: int, out: str,
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
+    # Leave without interpreter teardown, as the runtime's entry point does: gloo's C++ thread
+    # destructors at exit occasionally abort a process ("terminate called without an active
+    # exception") after a clean run. The results are written and the group is destroyed.
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _collectives_in_step(ctx: _Rank, spec: CommSpec, results: dict[str, Any],
+                         progress: Callable[[str], None] | None) -> None:
+    """Each collective as a training step issues it: after a compute kernel (the layer's largest
+    GEMM), on a fresh copy of the tensor (the runtime's TP operators clone before an in-place
+    all-reduce). A call's time is T(kernel + collective) − T(kernel), the slowest member's.
+
+    Back-to-back calls in a loop measure a different thing on a CPU: the members arrive together
+    and the transport's threads stay hot, while in a step every collective follows compute that
+    kept the core busy; on the 2-core machine of benchmarks/fidelity.py the in-step all-reduce of
+    one b·s·h activation cost about 3x the back-to-back fit. :func:`calibrate` fits α and β from
+    these samples when they exist (``results["collectives_in_step"]``)."""
+    from .profiler_kernels import make_kernel
+
+    picks = dict(spec.oef_compute)
+    if "gemm" not in picks:
+        return
+    kernel = make_kernel(picks["gemm"], ctx.device, ctx.dtype, seed=spec.seed)
+    rows: list[dict[str, Any]] = []
+    for n in ctx.groups:
+        for name in COLLECTIVES:
+            _report(ctx.rank, progress, f"profile: {name} over {n} ranks after compute, {len(spec.sizes)} sizes")
+            for size in spec.sizes:
+                if ctx.rank < n:
+                    coll = ctx.coll(name, n, size, fresh=True)
+                    t_k = ctx.time_series(kernel, n, min_run_s=2e-2)
+                    t_both = ctx.time_series(lambda c=coll: (kernel(), c()), n, min_run_s=2e-2)
+                    rows.append({"op": name, "n": n, "bytes": size, "seconds": max(t_both - t_k, 1e-7),
+                                 "t_kernel": t_k, "t_both": t_both})
+            ctx.dist.barrier()
+    results["collectives_in_step"] = rows
 
 
 def _compute_pairs_all_busy(ctx: _Rank, spec: CommSpec, out: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from hexhelix.ir.model import ModelConfig, TrainingConfig
 from hexhelix.ir.opgraph import Op, build_head_ops, build_layer_graph
 
-__all__ = ["layer_kernels", "layer_saved_bytes", "make_kernel", "make_layer_step"]
+__all__ = ["layer_kernels", "layer_saved_bytes", "layer_saved_tensors", "make_kernel", "make_layer_step",
+           "make_optimizer_step"]
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -154,69 +155,110 @@ def layer_kernels(model: ModelConfig, train: TrainingConfig, tp: int) -> list[tu
     return out
 
 
-def _layer_forward(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any,
-                   seed: int) -> tuple[Callable[[], Any], Any, set[int]]:
-    """(forward closure returning the layer output, the output gradient, data pointers of the
-    weights) of one Llama block at TP-sharded shapes: RMSNorm, QKV, causal SDPA, output
-    projection, residual, RMSNorm, SwiGLU MLP, residual."""
+def _stage_forward(model: ModelConfig, train: TrainingConfig, tp: int, layers: int, device: Any, dtype: Any,
+                   seed: int) -> tuple[Callable[[], Any], Any, Any]:
+    """(forward closure returning the stage output, the output gradient, the module) of the
+    runtime's own :class:`~hexhelix.runtime.torch_model.StageModule`: a middle stage (no embedding
+    or head) of ``layers`` layers at the TP-sharded shapes of TP rank 0, with its collectives off
+    (a one-rank :class:`~hexhelix.runtime.torch_tp.TPComm`: the shard's compute only). Timing what
+    the runtime executes — RoPE, separate Q/K/V and gate/up projections, its RMSNorm — rather than
+    a stand-in layer is what makes the folded overhead match a run (issue 8)."""
     import torch
-    import torch.nn.functional as F
+
+    from .torch_model import StageModule
+    from .torch_tp import TPComm
 
     if isinstance(dtype, str):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    mod = StageModule(model, range(layers), embed=False, head=False, tp_rank=0, tp=tp, seed=seed)
+    mod = mod.to(device=device, dtype=dtype)
+    cos, sin = mod.rope(train.seq_len, device)
+    if cos.dtype != dtype:  # the runtime runs fp32; at bf16 the rotary tables must follow the weights
+        mod._rope[train.seq_len] = (cos.to(dtype), sin.to(dtype))
+    comm = TPComm(group=None)
     gen = torch.Generator(device=device).manual_seed(seed)
-    h, t, d = model.hidden, tp, model.head_dim
-    heads, kv, f = model.heads // t, model.kv_heads // t, model.ffn // t
-    b, s = train.micro_batch, train.seq_len
-
-    def w(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device=device) * 0.02).to(dtype).requires_grad_(True)
-
-    wq, wo = w((heads + 2 * kv) * d, h), w(h, heads * d)
-    w1, w2, n1, n2 = w(2 * f, h), w(h, f), w(h), w(h)
-    x0 = torch.randn(b, s, h, generator=gen, device=device).to(dtype).requires_grad_(True)
+    shape = (train.micro_batch, train.seq_len, model.hidden)
+    x0 = torch.randn(*shape, generator=gen, device=device).to(dtype)
 
     def forward() -> Any:
-        y = F.rms_norm(x0, (h,), n1, 1e-5)
-        q, k, v = F.linear(y, wq).split((heads * d, kv * d, kv * d), dim=-1)
-        q, k, v = (z.view(b, s, -1, d).transpose(1, 2) for z in (q, k, v))
-        if kv != heads:
-            k, v = (z.repeat_interleave(heads // kv, dim=1) for z in (k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * d)
-        x1 = x0 + F.linear(a, wo)
-        gate, up = F.linear(F.rms_norm(x1, (h,), n2, 1e-5), w1).chunk(2, dim=-1)
-        return x1 + F.linear(F.silu(gate) * up, w2)
-    weights = {p.untyped_storage().data_ptr() for p in (wq, wo, w1, w2, n1, n2)}
-    return forward, torch.ones(b, s, h, device=device, dtype=dtype), weights
+        return mod(x0.detach().requires_grad_(True), comm)
+    return forward, torch.ones(*shape, device=device, dtype=dtype), mod
 
 
 def make_layer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
-                    seed: int = 0) -> Callable[[], Any]:
-    """One transformer layer's forward and backward through autograd, as a training step runs it
-    (TP-sharded shapes on one rank, no collectives). Timing it against the sum of the layer's
-    isolated kernels gives the framework overhead (autograd bookkeeping, launches, cold caches)
-    that the kernels alone miss."""
-    forward, g, _ = _layer_forward(model, train, tp, device, dtype, seed)
-    return lambda: forward().backward(g)
-
-
-def layer_saved_bytes(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
-                      seed: int = 0) -> int:
-    """Bytes autograd keeps from one layer's forward for its backward (distinct storages, weights
-    excluded, the layer input included): the measured counterpart of the cost model's
-    activation bytes per layer and micro-batch (Korthikanti et al.)."""
+                    layers: int = 1, seed: int = 0) -> Callable[[], Any]:
+    """Forward and backward of a ``layers``-layer middle stage of the runtime's StageModule, as
+    the runtime's F and B run it (TP-sharded shapes on one rank, no collectives). Timing it
+    against the sum of the layer's isolated kernels gives the framework overhead (autograd
+    bookkeeping, the runtime's extra elementwise work, cold caches) that the kernels alone miss."""
     import torch
 
-    forward, _, weights = _layer_forward(model, train, tp, device, dtype, seed)
+    forward, g, _ = _stage_forward(model, train, tp, layers, device, dtype, seed)
+    return lambda: torch.autograd.backward(forward(), g)
+
+
+def make_optimizer_step(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                        layers: int = 1, seed: int = 0) -> tuple[Callable[[], Any], int]:
+    """(closure, parameter count): one step of the runtime's own AdamW
+    (:class:`~hexhelix.runtime.torch_model.OptimConfig`) over the parameters of a ``layers``-layer
+    stage, then ``zero_grad(set_to_none=True)``, as the runtime's OPT instruction runs it. The
+    gradients are re-attached before every step (an assignment, no copy)."""
+    import torch
+
+    from .torch_model import OptimConfig
+
+    _, _, mod = _stage_forward(model, train, tp, layers, device, dtype, seed)
+    params = list(mod.parameters())
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    grads = [torch.randn(p.shape, generator=gen, device=device).to(p.dtype) for p in params]
+    opt = OptimConfig().build(params)
+
+    def step() -> None:
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, sum(p.numel() for p in params)
+
+
+def layer_saved_tensors(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                        layers: int = 1, seed: int = 0) -> tuple[int, bool]:
+    """(bytes, attention scores saved?) that autograd keeps from the forward of a ``layers``-layer
+    stage of the runtime's StageModule for its backward (distinct storages, weights excluded, the
+    stage input included): the measured counterpart of the cost model's activation bytes per layer
+    and micro-batch (Korthikanti et al.).
+
+    The second value says whether any saved tensor is an attention score matrix: shape
+    (…, s, s) with at least b·(a/t)·s² elements — the 5·a·s²·b term of the formula, which an
+    unfused attention keeps and torch's fused SDPA recomputes in its backward."""
+    import torch
+
+    forward, _, mod = _stage_forward(model, train, tp, layers, device, dtype, seed)
+    # Weights and the rotary tables (one cache per stage, shared by every micro-batch) are not
+    # activations.
+    constants = (*mod.parameters(), *mod.rope(train.seq_len, device))
+    weights = {t.untyped_storage().data_ptr() for t in constants}
+    s = train.seq_len
+    score_numel = train.micro_batch * (model.heads // tp) * s * s
     seen: dict[int, int] = {}
+    scores = False
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal scores
         st = t.untyped_storage()
         if st.data_ptr() not in weights:
             seen[st.data_ptr()] = st.nbytes()
+            if t.dim() >= 2 and tuple(t.shape[-2:]) == (s, s) and t.numel() >= score_numel:
+                scores = True
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()
     del out
-    return sum(seen.values())
+    return sum(seen.values()), scores
+
+
+def layer_saved_bytes(model: ModelConfig, train: TrainingConfig, tp: int, device: Any, dtype: Any, *,
+                      layers: int = 1, seed: int = 0) -> int:
+    """Bytes of :func:`layer_saved_tensors` (kept for callers that need only the bytes)."""
+    return layer_saved_tensors(model, train, tp, device, dtype, layers=layers, seed=seed)[0]

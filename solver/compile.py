@@ -107,7 +107,7 @@ class CostEstimator:
         sc = stage_cost(self.plan.problem, self._stage_plan(stage), index, num, 1, None, self.profile)
         pr = self.plan.problem
         tp = len(stage.ranks)
-        act = (stage.layers[1] - stage.layers[0]) * cost.activation_bytes_per_layer(pr.model, pr.training, tp)
+        act = (stage.layers[1] - stage.layers[0]) * cost.activation_bytes_per_layer(pr.model, pr.training, tp, self.profile)
         if stage.head:
             act += cost.head_activation_bytes(pr.model, pr.training, tp)
         return (sc.fwd if op is Op.F else sc.bwd), int(act)

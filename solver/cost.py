@@ -182,8 +182,13 @@ def head_cost(model: ModelConfig, train: TrainingConfig, tp: int, gpu: GpuType,
 def optimizer_time(params: float, gpu: GpuType, train: TrainingConfig,
                    profile: Profile = DEFAULT_PROFILE) -> float:
     """AdamW step over ``params`` parameters on one GPU: memory-bound, reading and writing the
-    model states once (state_bytes_per_param each way)."""
-    return 2.0 * params * train.state_bytes_per_param / (_mem_bw(gpu, profile) * profile.eff(gpu.name, "elementwise"))
+    model states once (state_bytes_per_param each way), at the profile's ``optimizer`` efficiency
+    (measured by ``hexhelix profile`` on the runtime's own AdamW step; the ``elementwise``
+    efficiency when the profile has none).
+
+    2·P·B_state / (memory bandwidth × eff_optimizer)"""
+    eff = profile.eff(gpu.name, "optimizer", fallback="elementwise")
+    return 2.0 * params * train.state_bytes_per_param / (_mem_bw(gpu, profile) * eff)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -193,22 +198,27 @@ def model_state_bytes(params: float, tp: int, train: TrainingConfig) -> float:
     return params * train.state_bytes_per_param / tp
 
 
-def activation_bytes_per_layer(model: ModelConfig, train: TrainingConfig, tp: int) -> float:
+def activation_bytes_per_layer(model: ModelConfig, train: TrainingConfig, tp: int,
+                               profile: Profile = DEFAULT_PROFILE) -> float:
     """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022), per GPU.
 
     none:      s·b·h·(34 + 5·a·s/h)/t with TP+SP; s·b·h·(10 + 24/t + 5·a·s/(h·t)) with TP only
     selective: 34·s·b·h/t with SP; s·b·h·(10 + 24/t) without
     full:      2·s·b·h (the layer input checkpoint), /t with SP
 
-    The constants count 16-bit activations (bf16/fp16, the default dtype); an fp32 run scales them
-    by dtype_bytes/2 (dropout masks, 1 byte each in the paper, are scaled too: a slight overcount).
+    The 5·a·s²·b/t term (``none`` only) is the attention score matrix, its softmax and dropout
+    mask; a profile with ``attention_scores_saved`` false (a fused attention that recomputes the
+    scores in its backward, as torch SDPA does, measured by ``hexhelix profile``) drops it, which
+    makes ``none`` equal to ``selective``. The constants count 16-bit activations (bf16/fp16, the
+    default dtype); an fp32 run scales them by dtype_bytes/2 (dropout masks, 1 byte each in the
+    paper, are scaled too: a slight overcount).
     """
     s, b, h, a, t = train.seq_len, train.micro_batch, model.hidden, model.heads, tp
     sp = train.sequence_parallel and t > 1
     sbh = s * b * h * train.dtype_bytes / 2
     if train.recompute == "full":
         return 2.0 * sbh / (t if sp else 1)
-    if train.recompute == "selective":
+    if train.recompute == "selective" or not profile.attention_scores_saved:
         return 34.0 * sbh / t if sp else sbh * (10 + 24 / t)
     if sp or t == 1:
         return sbh * (34 + 5 * a * s / h) / t

@@ -99,7 +99,7 @@ def stage_cost(plan_or_problem: Any, stage: StagePlan, index: int, num_stages: i
         comm = (4.0 if folded else 2.0) * cost.stage_edge_cost(model, tr, link, profile)
     params = stage_params(model, stage.num_layers, first, last) / stage.tp
     inflight = cost.inflight_microbatches(sched, index, num_stages, micro_batches)
-    act = stage.num_layers * cost.activation_bytes_per_layer(model, tr, stage.tp) * inflight
+    act = stage.num_layers * cost.activation_bytes_per_layer(model, tr, stage.tp, profile) * inflight
     if last:
         act += cost.head_activation_bytes(model, tr, stage.tp)
     mem = cost.model_state_bytes(params * stage.tp, stage.tp, tr) + act + profile.runtime_reserve_bytes

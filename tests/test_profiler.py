@@ -14,7 +14,7 @@ from hexhelix.ir.opgraph import OpClass, build_layer_graph
 from hexhelix.ir.profile import Profile, load_profile
 from hexhelix.runtime.profiler import Measurements, calibrate, local_cluster
 from hexhelix.runtime.profiler_comm import fit_alpha_beta, oef
-from hexhelix.runtime.profiler_kernels import layer_kernels, layer_saved_bytes
+from hexhelix.runtime.profiler_kernels import layer_kernels, layer_saved_bytes, layer_saved_tensors
 from hexhelix.solver import cost
 
 STEPS = lambda c, n: float(cost.collective_steps(OpClass(c), n))  # noqa: E731
@@ -85,6 +85,20 @@ def test_layer_saved_bytes_scale_with_the_micro_batch_and_exclude_weights(tiny):
     assert one >= 3 * 32 * tiny.hidden * 4  # at least the layer input and the two norms' inputs
 
 
+def test_saved_tensors_detect_attention_scores_only_when_kept(tiny):
+    """The math SDPA backend keeps the (b, a, s, s) probabilities for its backward; the profiler must
+    see them there, and the bytes must grow by about one such tensor."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tr = TrainingConfig(seq_len=32, global_batch=4, micro_batch=2, dtype="fp32")
+    fused, fused_scores = layer_saved_tensors(tiny, tr, 1, "cpu", "fp32")
+    with sdpa_kernel(SDPBackend.MATH):
+        math_bytes, math_scores = layer_saved_tensors(tiny, tr, 1, "cpu", "fp32")
+    assert math_scores is True
+    if not fused_scores:  # a fused kernel on this build: the score tensor is the difference
+        assert math_bytes - fused >= 0.5 * 2 * tiny.heads * 32 * 32 * 4
+
+
 # ----------------------------------------------------------------------------- calibration
 def _synthetic_measurements(tiny) -> Measurements:
     tr = TrainingConfig(seq_len=32, global_batch=4, dtype="fp32")
@@ -152,6 +166,41 @@ def test_layer_overhead_is_folded_into_every_class(tiny):
     assert folded.meta["overhead_folded"] == pytest.approx(2.0)
 
 
+def test_optimizer_and_scores_measurements_calibrate_the_cost_model(tiny, tmp_path):
+    meas = _synthetic_measurements(tiny)
+    meas.meta["optimizer"] = {"params": 2_000_000, "seconds": 4e-3, "state_bytes_per_param": 16.0}
+    meas.meta["attention_scores_saved"] = False
+    meas.meta["layer_overhead"] = {1: 1.5}  # folded into the compute classes, never into the optimizer
+    prof = calibrate(meas, steps=STEPS, factor=FACTOR)
+    assert prof.attention_scores_saved is False
+    assert prof.per_gpu_efficiency["cpu"]["optimizer"] == pytest.approx(2 * 2e6 * 16 / (20e9 * 4e-3))
+    import yaml
+
+    cl_path = tmp_path / "c.yaml"
+    cl_path.write_text(yaml.safe_dump(local_cluster(prof, count=2, memory_gib=4.0)))
+    gpu = load_cluster(cl_path).gpu_of_node(0)
+    tr = TrainingConfig(seq_len=32, global_batch=4, dtype="fp32")
+    # The cost model's AdamW time of the measured parameter count is the measured time.
+    assert cost.optimizer_time(2e6, gpu, tr, prof) == pytest.approx(4e-3, rel=1e-6)
+    # Without those measurements the profile keeps the base's behaviour.
+    plain = calibrate(_synthetic_measurements(tiny), steps=STEPS, factor=FACTOR)
+    assert plain.attention_scores_saved is True and "optimizer" not in plain.per_gpu_efficiency["cpu"]
+
+
+def test_collectives_in_step_are_preferred_for_the_fit(tiny):
+    """When the profiler measured collectives as a step issues them (after compute), α and β of
+    those classes come from them; the back-to-back samples stay in meta only."""
+    meas = _synthetic_measurements(tiny)
+    alpha, beta = 40e-6, 1e9
+    meas.comm["collectives_in_step"] = [
+        {"op": "all_reduce", "n": 2, "bytes": s, "seconds": STEPS("all_reduce", 2) * alpha * 7.0
+         + FACTOR("all_reduce", 2) * s / (beta * 0.25)} for s in (1e3, 1e5, 1e7)]
+    prof = calibrate(meas, steps=STEPS, factor=FACTOR)
+    assert prof.link_factors("all_reduce") == pytest.approx((0.25, 7.0))
+    assert prof.link_factors("all_gather") == pytest.approx((0.8, 1.0))  # no in-step rows: back-to-back
+    assert len(prof.meta["comm_samples_in_step"]) == 3
+
+
 def test_profile_rejects_malformed_links():
     with pytest.raises(InvalidInputError, match=r"links\.bogus"):
         Profile(links={"bogus": {"bw_factor": 1.0}})
@@ -175,7 +224,10 @@ def test_quick_profile_on_two_gloo_ranks_round_trips(tmp_path, capsys):
     assert "cluster_link" in prof.meta, prof.meta["link_fit"]
     assert Profile.from_dict(prof.to_dict()) == prof
     assert prof.meta["versions"]["torch"] and prof.meta["backend"] == "gloo"
-    assert set(prof.per_gpu_efficiency["cpu"]) == {"gemm", "attention", "norm", "elementwise"}
+    assert set(prof.per_gpu_efficiency["cpu"]) == {"gemm", "attention", "norm", "elementwise", "optimizer"}
+    assert prof.meta["optimizer"]["params"] > 0 and isinstance(prof.attention_scores_saved, bool)
+    assert set(prof.meta["stage_step_fit"]) == {"1", "2"}  # JSON keys; the runtime stage at each TP
+    assert {r["op"] for r in prof.meta["comm_samples_in_step"]} == {"all_reduce", "all_gather", "reduce_scatter"}
     assert prof.gpu_overrides["cpu"]["tflops"] > 0 and prof.link_efficiency == 1.0
     assert {"gemm|all_reduce", "gemm|send_recv", "gemm|gemm"} <= set(prof.meta["oef_measured"])
     assert prof.meta["oef_measured"]["gemm|gemm"]["method"].startswith("two threads per rank")

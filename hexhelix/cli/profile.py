@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile", help="measure this machine and write a cost-model profile",
         description="Measure GEMM/attention FLOP rates and norm/elementwise throughput at the model's "
-                    "sizes, one layer through autograd (framework overhead), collective and point-to-point "
+                    "sizes, the runtime's stage module through autograd (framework overhead), its saved "
+                    "activations and AdamW step, collective (as a step issues them) and point-to-point "
                     "α/β over 2..N ranks, and compute/communication overlap factors (DHelix OEF); write a "
                     "hexhelix.profile/1 JSON for --profile. On a CPU the measured type is 'cpu'; "
                     "--cluster-out writes the one-node cluster file that refers to it. Progress goes to stderr.")
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
              f"{prof.meta['measured_mem_GBps']:.1f} GB/s; efficiency "
              + ", ".join(f"{k} {v:.3f}" for k, v in eff.items())
              + (f" -> {args.output}" if args.output else ""))
+    progress(f"profile: attention scores saved by autograd: {str(prof.attention_scores_saved).lower()} "
+             f"(the activation formula {'keeps' if prof.attention_scores_saved else 'drops'} 5·a·s²·b)")
     if "cluster_link" in prof.meta:
         lk = prof.meta["cluster_link"]
         progress(f"profile: point-to-point link {lk['intra_GBps']:.3f} GB/s, α {lk['intra_latency_us']:.1f} µs")
