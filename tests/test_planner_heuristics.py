@@ -12,13 +12,7 @@ from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import (
-    StageCostTable,
-    allocate_micro_batches,
-    assign_layers,
-    plan_hexiscale,
-    tp_splits,
-)
+from hexhelix.solver.hexiscale import plan_hexiscale
 from hexhelix.solver.hexiscale_released import (
     DP_FACTOR,
     PIPE_FACTOR,
@@ -26,6 +20,12 @@ from hexhelix.solver.hexiscale_released import (
     ReleasedCostModel,
     gpipe_tick_time,
     plan_hexiscale_released,
+)
+from hexhelix.solver.layer_assign import (
+    StageCostTable,
+    allocate_micro_batches,
+    assign_layers,
+    tp_splits,
 )
 from hexhelix.solver.megatron import plan_megatron
 from hexhelix.solver.partition import (
