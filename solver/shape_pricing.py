@@ -50,6 +50,7 @@ class ShapePricer:
         self.C = len(opts)
         self.node = np.array([o.node for o in opts])
         self.tp = np.array([o.tp for o in opts], dtype=float)
+        self.node_list, self.tp_list = [o.node for o in opts], [o.tp for o in opts]
         tau = np.array([tables.time_layer[o.index] for o in opts])
         emb = np.array([tables.time_first[o.index] for o in opts])
         head = np.array([tables.time_last[o.index] for o in opts])
@@ -80,6 +81,9 @@ class ShapePricer:
                 r = o.tp + (rb if b == o.node else 0)
                 ns[c, sb] = sidx.get((o.node, r), -1)
         self.valid = ns >= 0
+        # GPUs of the run that starts with option c placed before state s (0 where invalid)
+        state_r = np.array([r for _, r in states])
+        self.run_after = np.where(self.valid, state_r[np.maximum(ns, 0)], 0)             # (C, S)
         # candidates of each new state (a, r), as indices into [mv (C·S) | fresh run (C) | inf]:
         # option c on a with tp r after a stage on another node, or tp t < r before the run (a, r − t)
         pairs: list[list[int]] = [[] for _ in range(S)]
@@ -117,6 +121,15 @@ class ShapePricer:
         else:
             wk = np.full((K, 1), inf) if wcaps is None else np.asarray(wcaps, dtype=float)[:, None]  # (K, 1)
 
+        if extras is not None:  # runs that leave no room on their node for the other replicas
+            caps_n = np.array(extras.caps)[self.node][:, None]
+            full = (extras.replicas >= 2) & (self.run_after + extras.replicas - 1 > caps_n)  # (C, S)
+
+        def wrun(base: np.ndarray, fulls: np.ndarray, start: int, n_len: int) -> np.ndarray:
+            """(K, C, ℓ, S): the stage's w (by the run it starts) fits the cap."""
+            w = np.where(full[:, None, :], fulls[:, start, :n_len, None], base[:, start, :n_len, None])
+            return w[None] <= wk[:, :, None, None]
+
         def wok(w: np.ndarray | None) -> np.ndarray | bool:
             """Stages whose w fits the cap: w (C,) gives (K, C); w (C, ℓ) gives (K, C, ℓ, 1)."""
             if wk is None or w is None:
@@ -141,7 +154,7 @@ class ShapePricer:
             if span > 1:
                 um = self.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
                 nxt = G[j + 1: L].transpose(1, 0, 2)                                     # (K, ℓ, S)
-                okm = (um[None] <= capk) & wok(extras.mid[:, j, : span - 1] if extras else None)
+                okm = (um[None] <= capk) & wrun(extras.mid, extras.mid_full, j, span - 1) if extras else um[None] <= capk
                 val = np.where(okm, um[None] + nxt[:, None], inf)                        # (K, C, ℓ, S)
                 lsel = val.argmin(axis=2)                                                # (K, C, S)
                 mv = np.take_along_axis(val, lsel[:, :, None, :], 2)[:, :, 0, :] + pen[:, :, None]
@@ -169,7 +182,9 @@ class ShapePricer:
         if L > 1:
             uf = self.u_first_s[:, : L - 1, :]
             nxt = G[1:L].transpose(1, 0, 2)
-            okf = (uf[None] <= capk) & self.valid[None, :, None, :] & wok(extras.first[:, 0, : L - 1] if extras else None)
+            okf = (uf[None] <= capk) & self.valid[None, :, None, :]
+            if extras is not None:
+                okf = okf & wrun(extras.first, extras.first_full, 0, L - 1)
             val = np.where(okf, uf[None] + nxt[:, None], inf)
             flat = val.reshape(K, C, -1)
             idx = flat.argmin(axis=2)
@@ -233,10 +248,9 @@ class ShapePricer:
             hit = self._extras[key] = stage_extras(self.t, replicas, locality)
         return hit
 
-    @staticmethod
-    def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras) -> float:
+    def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras) -> float:
         """W = max over the stages of w (:func:`.stage_floors.stage_w`)."""
-        return stage_w(stages, extras)
+        return stage_w(stages, extras, self.node_list, self.tp_list)
 
 
 def shape_of_pipeline(tables: CostTables, plan: Plan, p: int) -> Shape:

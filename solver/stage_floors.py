@@ -13,7 +13,9 @@ know. Branch and price fixes it per (layer, node) (:class:`Locality`):
   node n's own link; stages on other nodes may not hold layer i;
 * *spread* (layer i at node n): not every pipeline does — the holders span ≥ 2 nodes, so a holder on
   n meets a link no faster than n's best link to another node;
-* *open*: no decision — no faster than the best link leaving n (local or not).
+* *open*: no decision — no faster than the best link leaving n (local or not); but a stage of TP t
+  on n whose node cannot also hold the other P − 1 replicas (t + P − 1 > G_n: each needs ≥ 1 GPU of
+  n) has none of its layers local, so its open layers are spread and a local one is impossible.
 
 Within one class the pieces' summed α–β time is ≥ min over the class's links of (α + β⁻¹·payload)
 (a convex-combination argument, latency once: docs §15); classes hold distinct pieces, so σ is
@@ -23,13 +25,14 @@ the sum over the classes present. The embedding and head are their own units and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from hexhelix.ir.opgraph import OpClass
 
 from . import cost
-from .candidates import CostTables, _link_key
+from .candidates import CostTables, StageOption, _link_key
 
 __all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "stage_extras", "stage_w"]
 
@@ -60,12 +63,23 @@ NO_LOCALITY = Locality()
 @dataclass(frozen=True, slots=True)
 class StageExtras:
     """w[c, j, ℓ − 1] by stage position: the floor for a stage of option c holding layers
-    j … j+ℓ−1 (inf where the locality forbids it; entries beyond the last layer are inf)."""
+    j … j+ℓ−1 (inf where the locality forbids it; entries beyond the last layer are inf). A stage's
+    run (it and the following stages on the same node) of r GPUs with r + P − 1 > G_n takes the
+    ``*_full`` tables (a last or single stage's run is the stage itself: already in its table)."""
 
     mid: np.ndarray
     first: np.ndarray
     last: np.ndarray
     single: np.ndarray
+    mid_full: np.ndarray     # as mid/first when the stage's run on its node leaves no room for the
+    first_full: np.ndarray   # other replicas: every open layer spread, no local layer
+    replicas: int = 1
+    caps: tuple[int, ...] = ()
+
+    def full(self, run_gpus: int, node: int) -> bool:
+        """A run of consecutive stages using ``run_gpus`` GPUs of ``node`` leaves no room there for
+        one GPU of each of the other P − 1 pipelines: no layer of its stages can be local."""
+        return self.replicas >= 2 and run_gpus + self.replicas - 1 > self.caps[node]
 
 
 def class_links(tables: CostTables, node: int) -> dict[int, list[cost.Link]]:
@@ -112,21 +126,22 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
     inside = end <= L
     endc = np.minimum(end, L)
     shape = (len(tables.options), L, L)
-    out = {pos: np.full(shape, math.inf) for pos in ("mid", "first", "last", "single")}
+    out = {pos: np.full(shape, math.inf) for pos in ("mid", "first", "last", "single", "mid_full", "first_full")}
     links = {n: class_links(tables, n) for n in range(nodes)}
-    for o in tables.options:
+    caps = tuple(node.count for node in tables.problem.cluster.nodes)
+
+    def rows(o: StageOption, ocls: np.ndarray, oban: np.ndarray, positions: dict[str, tuple[bool, bool]]) -> None:
         n = o.node
-        cum_ban = np.concatenate([[0], np.cumsum(banned[n])])
+        cum_ban = np.concatenate([[0], np.cumsum(oban)])
         ok = inside & ((cum_ban[endc] - cum_ban[j]) == 0)
         counts = {}
         for k in (OPEN, LOCAL, SPREAD):
-            cum = np.concatenate([[0], np.cumsum(cls[n] == k)])
+            cum = np.concatenate([[0], np.cumsum(ocls == k)])
             counts[k] = (cum[endc] - cum[j]).astype(float)                 # layers of class k
         if replicas >= 2 and any((counts[SPREAD] > 0)[ok]) and not links[n][SPREAD]:
             ok = ok & (counts[SPREAD] == 0)
         unit = model.params_per_layer / o.tp * dtype
-        for pos, (first, last) in {"mid": (False, False), "first": (True, False), "last": (False, True),
-                                   "single": (True, True)}.items():
+        for pos, (first, last) in positions.items():
             opt = (tables.opt_layer[o.index] * ell + first * tables.opt_first[o.index]
                    + last * tables.opt_last[o.index]) * np.ones((L, 1))
             sync = np.zeros((L, L))
@@ -139,18 +154,39 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
             # (1 − 1e-9): the affine extraction may round up in the last bits; a floor must not
             w = (np.maximum(0.0, opt) + sync) * (1 - 1e-9)
             out[pos][o.index] = np.where(ok, w, math.inf)
-    return StageExtras(**out)
+
+    every = {"mid": (False, False), "first": (True, False), "last": (False, True), "single": (True, True)}
+    for o in tables.options:
+        n = o.node
+        full_cls = np.where(cls[n] == OPEN, SPREAD, cls[n])        # no room for the other replicas on n
+        full_ban = banned[n] | (cls[n] == LOCAL)
+        if replicas >= 2 and o.tp + replicas - 1 > caps[n]:
+            rows(o, full_cls, full_ban, every)
+        else:
+            rows(o, cls[n], banned[n], every)
+        rows(o, full_cls, full_ban, {"mid_full": (False, False), "first_full": (True, False)})
+    return StageExtras(**out, replicas=replicas, caps=caps)
 
 
-def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras) -> float:
-    """W = max over the stages of w (by position: single, first, middle, last)."""
+def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
+            tps: Sequence[int]) -> float:
+    """W = max over the stages of w (by position: single, first, middle, last; ``*_full`` where the
+    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option."""
     K = len(stages)
     if K == 1:
         c, ell = stages[0]
         return float(extras.single[c, 0, ell - 1])
-    vals, j = [], 0
-    for k, (c, ell) in enumerate(stages):
-        table = extras.first if k == 0 else extras.last if k == K - 1 else extras.mid
-        vals.append(table[c, j, ell - 1])
-        j += ell
+    starts = np.cumsum([0] + [ell for _, ell in stages])
+    vals, run = [], 0
+    for k in range(K - 1, -1, -1):  # backwards: the run of each stage is it and what follows on its node
+        c, ell = stages[k]
+        node, tp = nodes[c], tps[c]
+        run = tp + (run if k + 1 < K and nodes[stages[k + 1][0]] == node else 0)
+        if k == K - 1:
+            table = extras.last
+        else:
+            full = extras.full(run, node)
+            table = (extras.first_full if full else extras.first) if k == 0 else \
+                (extras.mid_full if full else extras.mid)
+        vals.append(table[c, starts[k], ell - 1])
     return float(max(vals))
