@@ -242,8 +242,7 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> float:
 
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
                  deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
-                 rest_s: float = 0.0, batch: int = 1,
-                 locality: Locality = NO_LOCALITY) -> tuple[float, list[Shape], bool]:
+                 rest_s: float = 0.0, locality: Locality = NO_LOCALITY) -> tuple[float, list[Shape], bool]:
     """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
     over boxes of (U, W).
 
@@ -251,8 +250,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     min(lo·κ, hi·κ), DP(hi, b; v) = min S + v·π·g over shapes with every u ≤ hi and every w ≤ b.
     Returns the proven minimum (the least box bound), the argmin shapes met on the way (new columns)
     and whether the search closed (least bound within ``rel`` of the best shape found) rather than
-    hit a limit. Each DP call splits the ``batch`` boxes of least bound; a box is cut along the
-    dimension whose relaxation costs its best shape more."""
+    hit a limit. The box of least bound is cut along the dimension whose relaxation costs its best
+    shape more."""
     pr = pricer_for(tables)
     floors = _Floors(tables, replicas, rest_s, locality)
     extras = floors.extras
@@ -303,33 +302,25 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     push(boxes0)
     calls, closed = 1, not heap
     while heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
-        if heap[0][0] >= best_exact - rel * abs(best_exact):
+        bound, _, (lo, hi, a, b), s = heap[0]
+        a_eff = max(a, rest_s)
+        u_flat = hi <= lo * (1 + 1e-9)
+        w_flat = b - a_eff <= 1e-9 * max(1.0, abs(b))
+        # closed: the least bound reaches the best shape found, or it is a point box (exact)
+        if bound >= best_exact - rel * abs(best_exact) or (u_flat and w_flat):
             closed = True
             break
-        # split up to `batch` open boxes at once: one vectorised DP call prices all their halves
-        halves: list[tuple[float, float, float, float]] = []
-        while heap and len(halves) < 2 * batch and heap[0][0] < best_exact - rel * abs(best_exact):
-            _, _, (lo, hi, a, b), s = heap[0]
-            u_flat = hi <= lo * (1 + 1e-9)
-            a_eff = max(a, rest_s)
-            w_flat = b - a_eff <= 1e-9 * max(1.0, abs(b))
-            if u_flat and w_flat:  # a point box: its bound is exact for the shapes it holds
-                break
-            heapq.heappop(heap)
-            # which relaxation costs the box's own argmin more: U at lo (in π·g) or W at a?
-            pg = float(pi @ np.array(s.gpus, dtype=float))
-            slack_u = (s.bottleneck - lo) * pg + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
-            slack_w = floors(s) - a_eff
-            if not w_flat and (u_flat or slack_w >= slack_u):
-                mid = math.sqrt(a_eff * b) if a_eff > 0 else 0.5 * (a_eff + b)
-                halves += [(lo, hi, a, mid), (lo, hi, mid, b)]
-            else:
-                mid = math.sqrt(lo * hi)
-                halves += [(lo, mid, a, b), (mid, hi, a, b)]
-        if not halves:
-            closed = True
-            break
-        push(halves)
+        heapq.heappop(heap)
+        # which relaxation costs the box's own argmin more: U at lo (in π·g) or W at a?
+        pg = float(pi @ np.array(s.gpus, dtype=float))
+        slack_u = (s.bottleneck - lo) * pg + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
+        slack_w = floors(s) - a_eff
+        if not w_flat and (u_flat or slack_w >= slack_u):
+            mid = math.sqrt(a_eff * b) if a_eff > 0 else 0.5 * (a_eff + b)
+            push([(lo, hi, a, mid), (lo, hi, mid, b)])
+        else:
+            mid = math.sqrt(lo * hi)
+            push([(lo, mid, a, b), (mid, hi, a, b)])
         calls += 1
     cert = heap[0][0] if heap else top
     good = sorted(found.values(), key=value)

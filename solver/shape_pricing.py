@@ -131,12 +131,8 @@ class ShapePricer:
             return w[None] <= wk[:, :, None, None]
 
         def wok(w: np.ndarray | None) -> np.ndarray | bool:
-            """Stages whose w fits the cap: w (C,) gives (K, C); w (C, ℓ) gives (K, C, ℓ, 1)."""
-            if wk is None or w is None:
-                return True
-            if w.ndim == 1:
-                return w[None, :] <= wk
-            return w[None, :, :, None] <= wk[:, :, None, None]
+            """(K, C): a last or single stage's w (C,) fits the cap (its run is the stage itself)."""
+            return True if wk is None or w is None else w[None, :] <= wk
         pen = weights[:, None] * (pi[self.node] * self.tp)[None, :]                      # (K, C)
         G = np.full((L + 1, K, S), inf)
         back: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
