@@ -160,11 +160,12 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
         n = o.node
         full_cls = np.where(cls[n] == OPEN, SPREAD, cls[n])        # no room for the other replicas on n
         full_ban = banned[n] | (cls[n] == LOCAL)
-        if replicas >= 2 and o.tp + replicas - 1 > caps[n]:
+        if replicas >= 2 and o.tp + replicas - 1 > caps[n]:  # the stage alone fills n: every run does
             rows(o, full_cls, full_ban, every)
+            out["mid_full"][o.index], out["first_full"][o.index] = out["mid"][o.index], out["first"][o.index]
         else:
             rows(o, cls[n], banned[n], every)
-        rows(o, full_cls, full_ban, {"mid_full": (False, False), "first_full": (True, False)})
+            rows(o, full_cls, full_ban, {"mid_full": (False, False), "first_full": (True, False)})
     return StageExtras(**out, replicas=replicas, caps=caps)
 
 
