@@ -28,6 +28,13 @@ Relaxations (each can only lower the bound): memory with one micro-batch in flig
 (the most lenient count); node capacity per shape only for runs of consecutive stages on one node
 (the master enforces it for the sum over shapes); fractional pipelines and micro-batches; a stage's
 sync at the best link leaving its node (wherever the other replicas sit).
+
+Whole micro-batches (docs §14). A pipeline runs m ≤ ⌊r_s(T)⌋ micro-batches, so the master may count
+⌊r⌋ instead of r, and the certificate becomes T_cert = min_shapes [S + W + U·⌊π·g + κ'⌋] (κ' = ρ + μ,
+a hair low). Its boxes gain a third dimension, π·g ∈ [g0, g1): a shape with ⌊π·g + κ'⌋ = k has π·g in
+a known interval, so S ≥ D(λ) − λ·(an end of it) for each Lagrange multiplier λ of a small grid
+(D(λ) = min S + λ·π·g, the same DP), and the box bound is the least over whole k of lo·k plus the
+best of those. Each run first converges the fractional master, then continues with the whole one.
 Reference: the decomposition is the classic Dantzig–Wolfe / Gilmore–Gomory column generation with a
 Lagrangian (Farley-type) bound that is valid at every iteration, not only at convergence.
 """
@@ -74,6 +81,7 @@ class FluidResult:
     solution: tuple[tuple[Shape, float], ...] = field(default=(), repr=False)  # final master x > 0
     replicas: int = 1
     rest_s: float = 0.0
+    whole: bool = False  # the master counted whole micro-batches per column (its second phase)
 
 
 def optimizer_lower_bound(tables: CostTables, pipelines: int = 1) -> float:
@@ -106,9 +114,10 @@ class _Floors:
             w = self._w[s.stages] = max(self.rest, self.pr.stage_w(s.stages, self.extras))
         return w
 
-    def rate(self, s: Shape, t: float) -> float:
-        """r_s(t) = 1 + (t − W − S)/U: the most micro-batches the shape runs within t (fractional)."""
-        return s.micro_batches_within(t - self(s))
+    def rate(self, s: Shape, t: float, whole: bool = False) -> float:
+        """r_s(t) = 1 + (t − W − S)/U: the most micro-batches the shape runs within t (⌊r⌋ if ``whole``)."""
+        r = s.micro_batches_within(t - self(s))
+        return math.floor(r + 1e-9) if whole else r
 
 
 class _Master:
@@ -119,6 +128,7 @@ class _Master:
         self.cols: list[Shape] = []
         self.keys: set[tuple] = set()
         self.last: tuple[list[Shape], np.ndarray] = ([], np.zeros(0))
+        self.whole = False  # ⌊r⌋ micro-batches per column (the integral master), else fractional r
 
     def add(self, s: Shape) -> bool:
         if s.stages in self.keys or not math.isfinite(s.bottleneck):
@@ -143,7 +153,7 @@ class _Master:
         for _ in live:
             h.addVar(0.0, inf)
         h.changeColsCost(len(live), np.arange(len(live), dtype=np.int32),
-                         np.array([-self.floors.rate(s, t) for s in live]))
+                         np.array([-self.floors.rate(s, t, self.whole) for s in live]))
         for n in range(N):
             idx = np.array([i for i, s in enumerate(live) if s.gpus[n] > 0], dtype=np.int32)
             h.addRow(-inf, float(self.caps[n]), len(idx), idx, np.array([live[i].gpus[n] for i in idx], dtype=float))
@@ -161,7 +171,8 @@ class _Master:
 def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_s: float = 0.0,
                       upper_s: float | None = None, seed_plans: tuple[Plan, ...] = (),
                       deadline: float | None = None, rel_tol: float = 1e-4, max_iterations: int = 200,
-                      pool: tuple[Shape, ...] = (), locality: Locality = NO_LOCALITY) -> FluidResult:
+                      pool: tuple[Shape, ...] = (), locality: Locality = NO_LOCALITY,
+                      whole: bool = False, integral: bool = True, lb_s: float = 0.0) -> FluidResult:
     """Seconds: a valid lower bound on the iteration time of every plan with P pipelines,
     ``replicas`` ≤ P ≤ ``pmax`` (module docstring), given ``rest_s`` ≤ sync + optimizer of every such plan.
 
@@ -172,12 +183,17 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     no new column, at ``deadline`` (monotonic seconds) or after ``max_iterations``; the bound proven
     so far is returned in every case. ``pool`` are columns from an earlier run on the same tables;
     ``locality`` restricts the plans to a branch-and-price node's (§15: the bound holds for those).
+    With ``integral`` (default), once the fractional master has converged the run goes on with the
+    whole-batch master and certificate (module docstring); ``whole`` starts there (a resumed run).
+    ``lb_s``: a bound already proven for these plans (a resumed run: pricing starts as tight as the
+    gap it left, not from scratch).
     """
     pr = pricer_for(tables)
     M = tables.micro_batches
     caps = [node.count for node in tables.problem.cluster.nodes]
     floors = _Floors(tables, replicas, rest_s, locality)
     master = _Master(caps, pmax, floors)
+    master.whole = whole
     for s in pool:
         master.add(s)
     for plan in seed_plans:
@@ -195,15 +211,17 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     if not master.cols or not math.isfinite(upper_s):
         return FluidResult(lb_s=0.0, upper_s=math.inf, iterations=0, columns=0, converged=False,
                            replicas=replicas, rest_s=rest_s)
-    lb, est, it, converged, duals = 0.0, upper_s, 0, False, None
+    lb, est, it, converged, duals, retry = min(lb_s, upper_s), upper_s, 0, False, None, False
     while it < max_iterations and (deadline is None or time.monotonic() < deadline):
         it += 1
-        est = _master_root(master, M, lb, upper_s)
-        _, pi, mu = master.solve(est)
+        est, below = _master_root(master, M, lb, upper_s)
+        # whole batches: V_R is a step function, and the duals just below its step prove that step
+        _, pi, mu = master.solve(below if master.whole and below < est else est)
         # price only as precisely as the current gap needs (tight at the end: rel_tol/10)
-        rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 else 0.1 * rel_tol
+        rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 and not retry else 0.1 * rel_tol
+        retry = False
         cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, rel=rel, replicas=replicas,
-                                       rest_s=rest_s, locality=locality)
+                                       rest_s=rest_s, locality=locality, whole=master.whole)
         duals = (tuple(pi.tolist()), mu)
         lb = max(lb, min(cert, upper_s))
         logger.debug("fluid iteration %d: master %.6g s, bound %.6g s, %d new columns, pricing %s", it, est, lb,
@@ -211,24 +229,29 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         added = sum(master.add(s) for s in new)
         if est - lb <= rel_tol * est:
             converged = True
-            break
-        if not added:  # pricing proves no new column improves the master (within its tolerance)
+        elif not added:  # pricing proves no new column improves the master (within its tolerance)
             if tight and rel > 0.1 * rel_tol * (1 + 1e-9):
-                continue  # closed only to a loose tolerance: price again, tighter (lb has risen)
+                retry = True
+                continue  # closed only to a loose tolerance: price again, tightest
             converged = tight
+        else:
+            continue
+        if master.whole or not converged or not integral:
             break
+        master.whole, converged = True, False  # fractional master done: its duals start the whole one
     logger.info("fluid bound %.6g s (master %.6g s, %d iterations, %d columns)", lb, est, it, len(master.cols))
     master.solve(est)
     solution = tuple((sh, float(v)) for sh, v in zip(*master.last) if v > 1e-9)
     return FluidResult(lb_s=lb, upper_s=est, iterations=it, columns=len(master.cols), converged=converged,
                        shapes=tuple(master.cols), last_duals=duals, solution=solution, replicas=replicas,
-                       rest_s=rest_s)
+                       rest_s=rest_s, whole=master.whole)
 
 
-def _master_root(master: _Master, M: int, lo: float, hi: float) -> float:
-    """Least t in [lo, hi] with V_R(t) ≥ M (bisection; V_R is nondecreasing in t); hi if none."""
+def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, float]:
+    """Least t in [lo, hi] with V_R(t) ≥ M (bisection; V_R is nondecreasing in t; hi if none) and
+    the greatest t seen below it (lo if none)."""
     if master.solve(hi)[0] < M:
-        return hi
+        return hi, hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
         if master.solve(mid)[0] >= M:
@@ -237,14 +260,16 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> float:
             lo = mid
         if hi - lo <= 1e-6 * hi:
             break
-    return hi
+    return hi, lo
 
 
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
                  deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
-                 rest_s: float = 0.0, locality: Locality = NO_LOCALITY) -> tuple[float, list[Shape], bool]:
+                 rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
+                 whole: bool = False) -> tuple[float, list[Shape], bool]:
     """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
-    over boxes of (U, W).
+    over boxes of (U, W); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes of (U, W, π·g)
+    (:func:`_box_bound`; a box flat in all three is a Lagrangian bound, so the search stops unclosed).
 
     Box U ∈ (lo, hi], W ∈ (a, b]: every shape in it has value ≥ DP(hi, b; lo) + max(a, R) +
     min(lo·κ, hi·κ), DP(hi, b; v) = min S + v·π·g over shapes with every u ≤ hi and every w ≤ b.
@@ -260,7 +285,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
         shrink = M * (1 - 1e-9) / A
         pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
-    kappa = (M - A) / pmax - 1.0 + mu
+    kappa = (M - A) / pmax - 1.0 + mu   # κ' = κ + 1 ≥ 0
     lo0 = pr.u_floor
     if top <= lo0:
         return top, [], True
@@ -271,60 +296,124 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     u_edges = list(np.geomspace(lo0, top, 17))
     w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * top), top, 5)[1:]) if top > w0 > 0 else
                                  [top] if top > w0 else [])
-    boxes0 = [(u_edges[i], u_edges[i + 1], w_edges[j], w_edges[j + 1]) for i in range(len(u_edges) - 1)
-              for j in range(len(w_edges) - 1)]
-    heap: list[tuple[float, int, tuple[float, float, float, float], Shape]] = []
+    boxes0 = [(u_edges[i], u_edges[i + 1], w_edges[j], w_edges[j + 1], 0.0, math.inf)
+              for i in range(len(u_edges) - 1) for j in range(len(w_edges) - 1)]
+    heap: list[tuple[float, int, tuple[float, float, float, float, float, float], Shape]] = []
     found: dict[tuple, Shape] = {}
     best_exact = math.inf
     tie = 0
+    kp = kappa + 1.0 - 1e-9  # κ' a hair low: the whole-batch certificate needs f_s ≤ a_s − ε
+    g_top = float(pi @ caps)  # π·g of a shape never exceeds it
+
+    def pg(s: Shape) -> float:
+        return float(pi @ np.array(s.gpus, dtype=float))
 
     def value(s: Shape) -> float:
-        return s.total + floors(s) + s.bottleneck * (float(pi @ np.array(s.gpus, dtype=float)) + kappa)
+        if whole:
+            return s.total + floors(s) + s.bottleneck * max(0, math.floor(pg(s) + kp))
+        return s.total + floors(s) + s.bottleneck * (pg(s) + kappa)
 
-    def push(boxes: list[tuple[float, float, float, float]]) -> None:
+    def linear(s: Shape) -> float:  # the fractional certificate's value: best columns for the fractional master
+        return s.total + floors(s) + s.bottleneck * (pg(s) + kappa)
+
+    lams = LAMBDAS if whole else (1.0,)
+    J, one = len(lams), lams.index(1.0)
+
+    def push(boxes: list[tuple[float, float, float, float, float, float]]) -> None:
         nonlocal best_exact, tie
-        his = np.array([b[1] for b in boxes])
         los = np.array([b[0] for b in boxes])
-        wcaps = np.array([b[3] for b in boxes])
-        vals, shapes = pr.solve(his, los, pi, wcaps, extras)
-        for box, v, s in zip(boxes, vals, shapes):
+        lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
+        vals, shapes = pr.solve(np.repeat([b[1] for b in boxes], J), lam.ravel(), pi,
+                                np.repeat([b[3] for b in boxes], J), extras)
+        vals = vals.reshape(len(boxes), J)
+        for i, box in enumerate(boxes):
+            s = shapes[i * J + one]
             if s is None:
                 continue
-            lo, hi, a, _ = box
-            bound = v + max(a, rest_s) + min(lo * kappa, hi * kappa)
+            lo, hi, a, _, g0, g1 = box
+            if whole:
+                bound = _box_bound(vals[i], lam[i], lo, kp, top, g0, g1) + max(a, rest_s)
+            else:
+                bound = vals[i, one] + max(a, rest_s) + min(lo * kappa, hi * kappa)
             tie += 1
             heapq.heappush(heap, (bound, tie, box, s))
-            exact = value(s)
-            if exact < best_exact:
-                best_exact = exact
-            found.setdefault(s.stages, s)
+            for s2 in shapes[i * J: (i + 1) * J]:
+                if s2 is None:
+                    continue
+                exact = value(s2)
+                if exact < best_exact:
+                    best_exact = exact
+                found.setdefault(s2.stages, s2)
 
     push(boxes0)
     calls, closed = 1, not heap
     while heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
-        bound, _, (lo, hi, a, b), s = heap[0]
+        bound, _, (lo, hi, a, b, g0, g1), s = heap[0]
         a_eff = max(a, rest_s)
         u_flat = hi <= lo * (1 + 1e-9)
         w_flat = b - a_eff <= 1e-9 * max(1.0, abs(b))
-        # closed: the least bound reaches the best shape found, or it is a point box (exact)
-        if bound >= best_exact - rel * abs(best_exact) or (u_flat and w_flat):
-            closed = True
+        g_flat = not whole or min(g1, g_top) - g0 <= 1e-9 * max(1.0, g0)
+        # closed: the least bound reaches the best shape found, or it is a point box (exact; with
+        # whole batches a point of π·g is still a Lagrangian bound: the search stops unclosed there)
+        if bound >= best_exact - rel * abs(best_exact) or (u_flat and w_flat and g_flat):
+            closed = bound >= best_exact - rel * abs(best_exact) or not whole
             break
         heapq.heappop(heap)
-        # which relaxation costs the box's own argmin more: U at lo (in π·g) or W at a?
-        pg = float(pi @ np.array(s.gpus, dtype=float))
-        slack_u = (s.bottleneck - lo) * pg + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
-        slack_w = floors(s) - a_eff
-        if not w_flat and (u_flat or slack_w >= slack_u):
+        # which relaxation costs the box's own argmin more: U at lo or W at a? (then π·g: whole batches)
+        if whole:
+            slack_u = (s.bottleneck - lo) * max(0, math.floor(pg(s) + kp))
+        else:
+            slack_u = (s.bottleneck - lo) * pg(s) + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
+        slack_w = 0.0 if w_flat else floors(s) - a_eff
+        if u_flat and w_flat:  # only π·g is left to split
+            g_s = pg(s)
+            cut = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
+            push([(lo, hi, a, b, g0, cut), (lo, hi, a, b, cut, g1)])
+        elif not w_flat and (u_flat or slack_w >= slack_u):
             mid = math.sqrt(a_eff * b) if a_eff > 0 else 0.5 * (a_eff + b)
-            push([(lo, hi, a, mid), (lo, hi, mid, b)])
+            push([(lo, hi, a, mid, g0, g1), (lo, hi, mid, b, g0, g1)])
         else:
             mid = math.sqrt(lo * hi)
-            push([(lo, mid, a, b), (mid, hi, a, b)])
+            push([(lo, mid, a, b, g0, g1), (mid, hi, a, b, g0, g1)])
         calls += 1
     cert = heap[0][0] if heap else top
-    good = sorted(found.values(), key=value)
-    return min(cert, top), good[:8], closed
+    logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
+    good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
+    return min(cert, top), list(good.values()), closed
+
+
+LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
+
+
+def _box_bound(D: np.ndarray, lam: np.ndarray, lo: float, kp: float, top: float, g0: float, g1: float) -> float:
+    """A lower bound on S + U·k_s, k_s = max(0, ⌊π·g + κ'⌋), over the shapes of a box (U > lo,
+    g0 ≤ π·g < g1), given D_j = min S + λ_j·π·g over a superset: a shape with k_s = k has π·g in
+    [max(g0, k − κ'), min(g1, k + 1 − κ')), so S ≥ D_j − λ_j·(that range's upper end if λ_j ≥ 0, else
+    its lower end) and the value ≥ lo·k + max_j of those (docs/formulation.md §14). That is convex in
+    k, so its least whole k is found by bisection; k beyond top/lo cannot beat top."""
+    finite = np.isfinite(D)
+    if not finite.any():
+        return math.inf
+    D, lam = D[finite], lam[finite]
+    kmax = max(0, math.ceil(top / lo)) + 1 if lo > 0 else 0
+    k_lo = max(0, math.floor(g0 + kp))
+    k_hi = min(kmax, math.floor(g1 + kp)) if math.isfinite(g1) else kmax
+    if k_hi < k_lo:
+        return math.inf
+
+    def f(k: int) -> float:
+        up, down = min(g1, k + 1 - kp), max(g0, k - kp)
+        return lo * k + float(np.max(D - np.where(lam >= 0, lam * up, lam * down)))
+
+    a, b = k_lo, k_hi
+    while a < b:  # least k of a convex f
+        m = (a + b) // 2
+        if f(m + 1) < f(m):
+            a = m + 1
+        else:
+            b = m
+    out = f(a)
+    return min(out, lo * (kmax + 1)) if k_hi == kmax else out
 
 
 def sync_lower_bound(tables: CostTables, pipelines: int) -> float:

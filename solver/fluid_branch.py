@@ -9,8 +9,13 @@ all: *local* (every pipeline holds layer i on node n: other nodes may not hold i
 (not every pipeline does: a holder on n syncs layer i at no more than n's best inter-node link).
 Each child is a fluid master with those floors (:mod:`.stage_floors`), whose certificate is valid
 for the plans of its set; the bound for a pipeline count is the least bound over the open leaves.
-Best first over all pipeline counts, within a deadline; every bound reported is valid whenever the
-search stops.
+
+One best-first search does it all (:func:`best_first_bounds`): its leaves are ranges of pipeline
+counts (a run with Σ x ≤ P_hi and floors for P_lo replicas covers P_lo … P_hi) and, for one P, locality
+cells. The leaf of least bound gets more column generation until it converges, then is split —
+ranges at the jump of the global sync floor or into single P, single P by locality — so time goes
+where the bound is lowest instead of evenly over up to N/2 pipeline counts. Within a deadline;
+every bound reported is valid whenever the search stops.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from .fluid_bound import FluidResult, fluid_lower_bound, optimizer_lower_bound, 
 from .shape_pricing import Shape
 from .stage_floors import Locality, class_links
 
-__all__ = ["BranchStats", "branch_on_locality", "fluid_bounds_by_pipelines"]
+__all__ = ["BranchStats", "best_first_bounds", "fluid_bounds_by_pipelines"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +54,21 @@ class BranchStats:
 
 @dataclass(order=True)
 class _Leaf:
+    """Plans with lo ≤ P ≤ hi pipelines in one locality cell, and the fluid run that bounds them."""
+
     bound: float
     tie: int
-    P: int = field(compare=False)
+    lo: int = field(compare=False)
+    hi: int = field(compare=False)
     locality: Locality = field(compare=False)
     result: FluidResult = field(compare=False)
     depth: int = field(compare=False, default=0)
     stalled: bool = field(compare=False, default=False)  # more column generation raised nothing
+
+    @property
+    def settled(self) -> bool:
+        """Its column generation converged or stopped raising the bound: time to split it."""
+        return self.result.converged or self.stalled
 
 
 def _spread_penalty(tables: CostTables, P: int) -> np.ndarray:
@@ -78,7 +91,7 @@ def _spread_penalty(tables: CostTables, P: int) -> np.ndarray:
 def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[int, int] | None:
     """The open (layer, node) pair most worth branching on: held on node n by a fraction h of the
     master's P pipelines with 0 < h < P, scored by h·(P − h)·penalty(n); None when there is none."""
-    L, N, P = tables.layers, len(tables.problem.cluster.nodes), leaf.P
+    L, N, P = tables.layers, len(tables.problem.cluster.nodes), leaf.lo
     h = np.zeros((L, N))
     node_of = [o.node for o in tables.options]
     for sh, x in leaf.result.solution:
@@ -94,24 +107,57 @@ def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[in
     return (int(i), int(n)) if score[i, n] > 1e-12 else None
 
 
-def branch_on_locality(tables: CostTables, roots: dict[int, FluidResult], bounds: dict[int, float], *,
-                       upper_s: float, rest: dict[int, float], deadline: float, pool: list[Shape],
-                       rel_tol: float = 5e-4, gap_tol: float = 1e-6, max_nodes: int = 400) -> BranchStats:
-    """Raise ``bounds[P]`` (in place) by branching on layer locality from each P's root master in
-    ``roots``; ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent."""
+def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
+    """Sub-ranges of [lo, hi]: at the largest jump of the global floor R_P when it is worth 1 % of the
+    incumbent (a range's run uses its least P's floors, so a range across a jump is weak: e.g. more
+    pipelines than GPUs per node forces inter-node sync); else one P each when there are ``few``
+    or less; else halves."""
+    P, jump = max(((q, rest[q] - rest[q - 1]) for q in range(lo + 1, hi + 1)), key=lambda t: (t[1], -t[0]))
+    if jump >= 0.01 * upper_s:
+        return [(lo, P - 1), (P, hi)]
+    if hi - lo + 1 <= few:
+        return [(q, q) for q in range(lo, hi + 1)]
+    half = (lo + hi) // 2
+    return [(lo, half), (half + 1, hi)]
+
+
+def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
+                      deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
+                      gap_tol: float = 1e-6, max_nodes: int = 400, min_slice: float = 2.0,
+                      ) -> tuple[BranchStats, dict[int, FluidResult]]:
+    """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
+    pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
+    generation while it has not converged; split into sub-ranges (each one's run uses the
+    floors of its least P and Σ x ≤ its greatest: valid for the whole range); for one P ≥ 2, branched
+    on the (layer, node) pair its master holds fractionally; otherwise final (:func:`_split` says
+    how ranges split). Each step gets a slice
+    of the time left (at least ``min_slice``), so the least leaf is re-chosen as bounds rise.
+    ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent. Also returns, per
+    greatest P of a leaf without locality decisions, its latest run (for rounding into plans)."""
     stats = BranchStats()
-    tie = 0
+    pmax = max(bounds)
     heap: list[_Leaf] = []
-    leaves: dict[int, list[_Leaf]] = {}
+    leaves: list[_Leaf] = []
+    runs: dict[int, FluidResult] = {}
+    pool: list[Shape] = []
     penalties: dict[int, np.ndarray] = {}
-    for P, fr in roots.items():
-        if P < 2 or bounds[P] >= upper_s * (1 - gap_tol):
-            continue
+    tie = 0
+
+    def floor_of(lo: int, hi: int) -> float:
+        return min(bounds[q] for q in range(lo, hi + 1))
+
+    def add(leaf: _Leaf) -> None:
+        leaves.append(leaf)
+        if leaf.bound < upper_s * (1 - gap_tol):
+            heapq.heappush(heap, leaf)
+        else:
+            stats.pruned += 1
+
+    none = FluidResult(lb_s=0.0, upper_s=math.inf, iterations=0, columns=0, converged=False)
+    for lo, hi in ((1, 1), (2, pmax)) if pmax >= 2 else ((1, 1),):
         tie += 1
-        leaf = _Leaf(bounds[P], tie, P, Locality(), fr)
-        heapq.heappush(heap, leaf)
-        leaves.setdefault(P, []).append(leaf)
-    finals = math.inf  # least bound of a leaf with nothing left to branch on
+        add(_Leaf(floor_of(lo, hi), tie, lo, hi, Locality(), none))
+    finals = math.inf  # least bound of a leaf with nothing left to split or branch on
     while heap:
         if time.monotonic() >= deadline or stats.nodes >= max_nodes:
             stats.stopped = "deadline" if stats.nodes < max_nodes else "node limit"
@@ -124,91 +170,69 @@ def branch_on_locality(tables: CostTables, roots: dict[int, FluidResult], bounds
             heapq.heappush(heap, leaf)
             stats.stopped = "the least leaf has nothing to branch on"
             break
-        P = leaf.P
-        if P not in penalties:
-            penalties[P] = _spread_penalty(tables, P)
-        # branching is valid whether or not the leaf's column generation converged
-        pair = _violation(tables, leaf, penalties[P])
-        if pair is None and (leaf.result.converged or leaf.stalled):
-            stats.final += 1  # stays in leaves[P]: its bound still counts for P
-            finals = min(finals, leaf.bound)
-            continue
-        left = deadline - time.monotonic()
-        children = ([leaf.locality.with_local(*pair), leaf.locality.with_spread(*pair)] if pair is not None
-                    else [leaf.locality])  # unconverged: continue its column generation
-        leaves[P].remove(leaf)
-        for loc in children:
-            sub = time.monotonic() + max(0.5, left / (2 * len(children)))
-            fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest[P], upper_s=upper_s,
-                                   deadline=min(deadline, sub), rel_tol=rel_tol, pool=tuple(pool), locality=loc)
+        lo, hi, loc = leaf.lo, leaf.hi, leaf.locality
+        if not leaf.settled:
+            children = [(lo, hi, loc)]  # continue its column generation
+        elif lo < hi:
+            children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s)]
+        else:
+            if lo not in penalties:
+                penalties[lo] = _spread_penalty(tables, lo)
+            pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None  # P = 1: no sync
+            if pair is None:
+                stats.final += 1  # stays in leaves: its bound still counts for P
+                finals = min(finals, leaf.bound)
+                continue
+            children = [(lo, hi, loc.with_local(*pair)), (lo, hi, loc.with_spread(*pair))]
+        leaves.remove(leaf)
+        share = max(min_slice, (deadline - time.monotonic()) / max(8, 2 * len(children), len(heap) + 1))
+        for c_lo, c_hi, c_loc in children:
+            again = len(children) == 1  # more of the same run: it resumes in the phase it reached
+            whole = again and leaf.result.whole  # whole-batch certificates are slower: a longer slice
+            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=rest[c_lo], upper_s=upper_s,
+                                   seed_plans=seed_plans,
+                                   deadline=min(deadline, time.monotonic() + (max(share, 4 * min_slice) if whole
+                                                                             else share)),
+                                   rel_tol=rel_tol, pool=leaf.result.shapes or tuple(pool), locality=c_loc,
+                                   whole=whole, lb_s=leaf.bound if again else 0.0,
+                                   integral=c_lo == c_hi)  # whole batches pay off for one P, not a range
             stats.nodes += 1
             pool[:] = list(fr.shapes)[-4000:]
+            if not c_loc.local and not c_loc.spread:
+                runs[c_hi] = fr
             tie += 1
-            child = _Leaf(max(leaf.bound, min(upper_s, fr.lb_s)), tie, P, loc, fr, leaf.depth + 1,
-                          stalled=pair is None and fr.lb_s <= leaf.bound * (1 + rel_tol))
-            leaves[P].append(child)
-            if child.bound < upper_s * (1 - gap_tol):
-                heapq.heappush(heap, child)
-            else:
-                stats.pruned += 1
-        bounds[P] = max(bounds[P], min((lf.bound for lf in leaves[P]), default=upper_s))
-        logger.info("branch P=%d depth %d on %s: P bound %.6g s", P, leaf.depth, pair, bounds[P])
+            add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
+                      leaf.depth + (not again),
+                      stalled=again and fr.lb_s <= leaf.bound * (1 + rel_tol)))
+        logger.info("P=%d..%d depth %d (%s): leaf bound %.6g s", lo, hi, leaf.depth,
+                    "more columns" if len(children) == 1 else "split", leaves[-1].bound)
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
-    return stats
+    for P in bounds:  # every P lies in some leaf; its bound is the least over them
+        bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper_s))
+        bounds[P] = min(bounds[P], upper_s)
+    return stats, runs
 
 
 def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
                               seed_plans: tuple[Plan, ...] = (), deadline: float | None = None,
-                              rel_tol: float = 5e-4, branch: bool = True, root_share: float = 0.5,
-                              branch_nodes: int = 400) -> tuple[dict[int, float], dict[int, FluidResult]]:
+                              rel_tol: float = 5e-4, branch_nodes: int = 400,
+                              ) -> tuple[dict[int, float], dict[int, FluidResult]]:
     """Per pipeline count P = 1 … pmax: a lower bound on the iteration time of every plan with P
     pipelines, each at most ``upper_s`` (any plan time: bounds are only claimed below it).
 
     R_P = :func:`sync_lower_bound` + :func:`optimizer_lower_bound` is nondecreasing in P, and so is
     each stage's floor w (a ring all-reduce over more replicas costs more), so a run with Σ x ≤ P_hi
-    and floors for P_lo replicas covers every P in [P_lo, P_hi]. First a *floor run* covering
-    2 … pmax (at most a quarter of the time), then always the P with the least bound so far is solved
-    exactly (P_lo = P_hi = P), the time left shared evenly; a P whose bound reaches ``upper_s`` is not solved.
-    With ``branch``, the time left after the roots (which get ``root_share`` of it when there is a
-    deadline) goes to :func:`branch_on_locality` (at most ``branch_nodes`` tree nodes). Also returns each exact P's root
-    :class:`FluidResult` (``exact_plan.round_master`` turns its master into plans)."""
-    start = time.monotonic()
-    root_deadline = None if deadline is None else start + root_share * max(0.0, deadline - start)
+    and floors for P_lo replicas covers every P in [P_lo, P_hi]: :func:`best_first_bounds` starts
+    from P = 1 and the range 2 … pmax and splits ranges, then locality cells, where the bound is
+    least (at most ``branch_nodes`` fluid runs). Also returns, per P, the latest run of a leaf whose
+    greatest pipeline count is P (``exact_plan.round_master`` turns its master into plans)."""
     rest = {P: sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P) for P in range(1, pmax + 1)}
     out = {P: min(upper_s, rest[P]) for P in rest}
-    runs: dict[int, FluidResult] = {}
-    pool: list[Shape] = []
-
-    def run(p_lo: int, p_hi: int, share: int) -> FluidResult | None:
-        nonlocal pool
-        left = None if root_deadline is None else root_deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return None
-        sub = None if left is None else time.monotonic() + left / max(1, share)
-        fr = fluid_lower_bound(tables, pmax=p_hi, replicas=p_lo, rest_s=rest[p_lo], upper_s=upper_s,
-                               seed_plans=seed_plans, deadline=sub, rel_tol=rel_tol, pool=tuple(pool))
-        pool = list(fr.shapes)
-        for q in range(p_lo, p_hi + 1):
-            out[q] = max(out[q], min(upper_s, fr.lb_s))
-        logger.info("fluid P=%d..%d: iteration >= %.6g s (%d iterations)", p_lo, p_hi, fr.lb_s, fr.iterations)
-        return fr
-
-    todo = set(rest)
-    if pmax >= 3:  # a floor for every P ≥ 2 first (a quarter of the time at most)
-        run(2, pmax, 4)
-    while todo:
-        P = min(todo, key=lambda q: (out[q], q))
-        todo.discard(P)
-        if out[P] >= upper_s:
-            continue
-        fr = run(P, P, len(todo) + 1)
-        if fr is None:
-            break
-        runs[P] = fr
-    if branch and pmax >= 2:
-        stats = branch_on_locality(tables, runs, out, upper_s=upper_s, rest=rest, pool=pool,
-                                   deadline=math.inf if deadline is None else deadline, rel_tol=rel_tol,
-                                   max_nodes=branch_nodes)
-        logger.info("locality branching: %s", stats)
+    if pmax < 1:
+        return out, {}
+    stats, runs = best_first_bounds(tables, out, upper_s=upper_s, rest=rest, seed_plans=seed_plans,
+                                    deadline=math.inf if deadline is None else deadline, rel_tol=rel_tol,
+                                    max_nodes=branch_nodes)
+    logger.info("fluid bounds: %s", stats)
     return out, runs

@@ -5,6 +5,7 @@ no column of positive reduced cost (checked against an enumeration of every shap
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 
@@ -23,7 +24,7 @@ from hexhelix.solver.fluid_bound import (
     shape_from_stages,
     sync_lower_bound,
 )
-from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
+from hexhelix.solver.fluid_branch import _split, fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import pricer_for
 from hexhelix.solver.solve import solve
@@ -92,7 +93,7 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
     tables = build_tables(pb)
     P = max_pipelines(tables)
-    fr = fluid_lower_bound(tables, pmax=P, upper_s=100.0)
+    fr = fluid_lower_bound(tables, pmax=P, upper_s=100.0, integral=False)  # the fractional master alone
     assert fr.converged
     shapes = _all_shapes(tables, pb.model.layers)
     pi, mu = np.array(fr.last_duals[0]), fr.last_duals[1]
@@ -114,6 +115,35 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     true = min(s.total + W[s.stages] + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
     assert cert <= true * (1 + 1e-9) + 1e-12
     assert cert >= true - 1e-4 * abs(true)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int) -> None:
+    """With whole micro-batches the certificate is min over shapes of S + W + U·max(0, ⌊π·g + κ'⌋)
+    (docs §14): never above the enumeration's minimum (validity), and equal to it when it closes."""
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
+    tables = build_tables(pb)
+    P = max_pipelines(tables)
+    M = tables.micro_batches
+    fr = fluid_lower_bound(tables, pmax=P, upper_s=100.0)
+    caps = np.array([n.count for n in pb.cluster.nodes], dtype=float)
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if all(np.array(s.gpus) <= caps)]  # fits its nodes
+    pr = pricer_for(tables)
+    W = {s.stages: pr.stage_w(s.stages, pr.extras(1)) for s in shapes}
+    rng = np.random.default_rng(seed)
+    duals = [(np.array(fr.last_duals[0]), fr.last_duals[1])]
+    duals += [(rng.uniform(0, 2 * M / caps.sum(), len(caps)), float(rng.uniform(0, 2))) for _ in range(4)]
+    for pi, mu in duals:
+        cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None, max_dp=5000, whole=True)
+        A = float(pi @ caps) + mu * P
+        if A >= M * (1 - 1e-9):
+            pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
+        kp = (M - A) / P + mu - 1e-9
+        true = min(s.total + W[s.stages] + s.bottleneck * max(0, math.floor(pi @ np.array(s.gpus) + kp))
+                   for s in shapes)
+        assert cert <= true * (1 + 1e-9) + 1e-12
+        if closed:
+            assert cert >= true - 1e-4 * abs(true)
 
 
 def test_sync_lower_bound_below_evaluated_sync() -> None:
@@ -228,3 +258,15 @@ def test_a_spread_layer_costs_more_than_an_open_one_and_local_forbids_other_node
     # layer 1 local at node 0: node 1 may not hold it, node 0 may (at its own link)
     assert np.isinf(local.mid[slow, 1, 0]) and np.isfinite(local.mid[fast, 1, 0])
     assert np.isfinite(local.mid[slow, 2, 0])
+
+
+def test_pipeline_ranges_split_at_the_sync_floor_jump_then_into_single_counts() -> None:
+    """A range of pipeline counts is bounded with its least P's floors, so it splits where the global
+    floor jumps (e.g. more pipelines than GPUs per node), then into single P once it is small."""
+    rest = {P: 0.01 * P for P in range(1, 33)}
+    rest.update({P: 1.0 + 0.01 * P for P in range(9, 33)})  # P > 8: inter-node sync
+    assert _split(rest, 2, 32, upper_s=5.0) == [(2, 8), (9, 32)]
+    assert _split(rest, 2, 8, upper_s=5.0) == [(P, P) for P in range(2, 9)]
+    assert _split(rest, 9, 32, upper_s=5.0) == [(9, 20), (21, 32)]
+    # a jump under 1 % of the incumbent is not worth a split of its own
+    assert _split(rest, 2, 32, upper_s=500.0) == [(2, 17), (18, 32)]
