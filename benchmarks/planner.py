@@ -138,10 +138,10 @@ def reading(limit: float, baselines: bool = True) -> str:
             "and the order-free shape bound where it is small enough to compute. CP-SAT's proven gap in this run: "
             f"{span}. The issue's goal (proven gap <= 2 % within 120 s on 2 cores for every example cluster up to "
             f"64 GPUs) is {verdict}. The remaining gap comes from the fluid relaxation (fractional "
-            "pipelines and micro-batches, lenient memory), from the locality branching not finishing within the "
-            "limit (it fixes one layer per level), and from pipeline counts whose column generation did not "
-            "converge in their share of the time; the primal side (rounding the fluid masters into plans) "
-            "rarely beats hexiscale." + (" hexiscale-released and megatron fall behind hexiscale by the factors in "
+            "pipelines; whole micro-batches only through a Lagrangian bound over π·g, §14; lenient memory), "
+            "from the locality branching not finishing within the limit (it fixes one layer per level), and from "
+            "leaves whose column generation did not converge in the time (56-64 GPUs); the primal side "
+            "(rounding the fluid masters into plans) rarely beats hexiscale." + (" hexiscale-released and megatron fall behind hexiscale by the factors in "
                                          "the first table (megatron runs the uniform shape that fits the smallest "
                                          "GPU)." if baselines else ""))
 
@@ -174,16 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         scal_solvers = ["cpsat", "hexiscale"]
     cmd = "python benchmarks/planner.py" + (" --full" if args.full else "") + (" --goal" if args.goal else "") + \
         (f" --time-limit {args.time_limit:g}" if args.time_limit else "")
-    t0 = time.monotonic()
+    t0, began = time.monotonic(), time.strftime("%H:%M", time.gmtime())
     t1 = table_clusters(clusters, models, solvers, limit, gb)
     t2 = table_scaling(sizes, scal_solvers, limit)
     t3 = table_het_homo(pairs, hh_models, ["hexiscale", "megatron", "cpsat"], limit, gb) if pairs else ""  # ties credit the heuristic
     total = time.monotonic() - t0
-    mode = "full" if args.full else (
-        "the goal's set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, run while another "
-        "engineer's profiling jobs shared the 2 cores" if args.goal else
-        "REDUCED: a subset of clusters and models with short time limits, because "
-        "the 2-core machine was shared with other engineers")
+    when = f"run {began}–{time.strftime('%H:%M', time.gmtime())} UTC on {time.strftime('%Y-%m-%d', time.gmtime())}"
+    mode = f"full, {when}" if args.full else (
+        f"the goal's set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, {when}" if args.goal else
+        f"REDUCED: a subset of clusters and models with short time limits, {when}")
     body = "\n".join([
         BEGIN,
         f"Produced by `{cmd}` ({mode}; "
