@@ -263,6 +263,9 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
     return hi, lo
 
 
+LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
+
+
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
                  deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
                  rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
@@ -308,13 +311,14 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     def pg(s: Shape) -> float:
         return float(pi @ np.array(s.gpus, dtype=float))
 
-    def value(s: Shape) -> float:
-        if whole:
-            return s.total + floors(s) + s.bottleneck * max(0, math.floor(pg(s) + kp))
-        return s.total + floors(s) + s.bottleneck * (pg(s) + kappa)
+    def k_of(s: Shape) -> int:  # whole micro-batches: ⌊π·g + κ'⌋
+        return max(0, math.floor(pg(s) + kp))
 
     def linear(s: Shape) -> float:  # the fractional certificate's value: best columns for the fractional master
         return s.total + floors(s) + s.bottleneck * (pg(s) + kappa)
+
+    def value(s: Shape) -> float:
+        return s.total + floors(s) + s.bottleneck * k_of(s) if whole else linear(s)
 
     lams = LAMBDAS if whole else (1.0,)
     J, one = len(lams), lams.index(1.0)
@@ -361,7 +365,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         heapq.heappop(heap)
         # which relaxation costs the box's own argmin more: U at lo or W at a? (then π·g: whole batches)
         if whole:
-            slack_u = (s.bottleneck - lo) * max(0, math.floor(pg(s) + kp))
+            slack_u = (s.bottleneck - lo) * k_of(s)
         else:
             slack_u = (s.bottleneck - lo) * pg(s) + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
         slack_w = 0.0 if w_flat else floors(s) - a_eff
@@ -380,9 +384,6 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
     good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
     return min(cert, top), list(good.values()), closed
-
-
-LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
 
 
 def _box_bound(D: np.ndarray, lam: np.ndarray, lo: float, kp: float, top: float, g0: float, g1: float) -> float:
