@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 from hexhelix.ir.cluster import load_cluster
+from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.model import PRESETS
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.fluid_bound import fluid_lower_bound, optimizer_lower_bound, sync_lower_bound
 from hexhelix.solver.solve import solve
@@ -32,13 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--seconds", type=float, default=40.0, help="deadline of each run")
     args = ap.parse_args(argv)
-    pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
+    try:
+        counts = [int(p) for p in args.pipelines.split(",")]
+        pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
+    except (ValueError, KeyError, InvalidInputError) as err:  # a typo gets one line, not a traceback
+        ap.error(f"{err} (pipelines: comma-separated integers; model: one of {', '.join(sorted(PRESETS))})")
     heur = solve(pb, "hexiscale")
     tables = build_tables(pb)
     print(f"{args.cluster} / {args.model}: hexiscale incumbent {heur.iteration_time_s:.4f} s "
           f"({len(heur.plan.pipelines)} pipelines)")
     print("P  micro-batches  bound s  master s  converged  seconds")
-    for P in (int(p) for p in args.pipelines.split(",")):
+    for P in counts:
         rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
         for whole in (False, True):
             t0 = time.monotonic()
