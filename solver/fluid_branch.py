@@ -139,7 +139,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     heap: list[_Leaf] = []
     leaves: list[_Leaf] = []
     runs: dict[int, FluidResult] = {}
-    pool: list[Shape] = []
+    last: tuple[Shape, ...] = ()  # the latest run's columns: the start of a leaf that has none yet
     penalties: dict[int, np.ndarray] = {}
     tie = 0
 
@@ -193,11 +193,11 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    seed_plans=seed_plans,
                                    deadline=min(deadline, time.monotonic() + (max(share, 4 * min_slice) if whole
                                                                              else share)),
-                                   rel_tol=rel_tol, pool=leaf.result.shapes or tuple(pool), locality=c_loc,
+                                   rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.bound if again else 0.0,
                                    integral=c_lo == c_hi)  # whole batches pay off for one P, not a range
             stats.nodes += 1
-            pool[:] = list(fr.shapes)[-4000:]
+            last = fr.shapes
             if not c_loc.local and not c_loc.spread:
                 runs[c_hi] = fr
             tie += 1
