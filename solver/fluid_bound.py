@@ -100,7 +100,7 @@ def optimizer_lower_bound(tables: CostTables, pipelines: int = 1) -> float:
 
 class _Floors:
     """W of each shape for one (replicas, R, locality): max(R, max_k w_k), cached by stage list
-    (inf for a shape the locality forbids)."""
+    (inf for a shape the locality forbids, e.g. one that skips a node every pipeline must use)."""
 
     def __init__(self, tables: CostTables, replicas: int, rest: float, locality: Locality = NO_LOCALITY) -> None:
         self.pr = pricer_for(tables)
@@ -111,7 +111,8 @@ class _Floors:
     def __call__(self, s: Shape) -> float:
         w = self._w.get(s.stages)
         if w is None:
-            w = self._w[s.stages] = max(self.rest, self.pr.stage_w(s.stages, self.extras))
+            outside = any(s.gpus[n] == 0 for n in self.extras.visit)  # not in the cell: every pipeline visits them
+            w = self._w[s.stages] = math.inf if outside else max(self.rest, self.pr.stage_w(s.stages, self.extras))
         return w
 
     def rate(self, s: Shape, t: float, whole: bool = False) -> float:

@@ -9,6 +9,9 @@ all: *local* (every pipeline holds layer i on node n: other nodes may not hold i
 (not every pipeline does: a holder on n syncs layer i at no more than n's best inter-node link).
 Each child is a fluid master with those floors (:mod:`.stage_floors`), whose certificate is valid
 for the plans of its set; the bound for a pipeline count is the least bound over the open leaves.
+Before pairs, whole nodes are decided (:func:`_node_to_branch`): *quiet* (no layer local at n: all of
+n's pairs spread) or *visited* (some layer local at n: every pipeline then uses a GPU of n, which the
+pricing DP enforces) — one decision moves every layer of a node at once.
 
 One best-first search does it all (:func:`best_first_bounds`): its leaves are ranges of pipeline
 counts (a run with Σ x ≤ P_hi and floors for P_lo replicas covers P_lo … P_hi) and, for one P, locality
@@ -107,6 +110,34 @@ def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[in
     return (int(i), int(n)) if score[i, n] > 1e-12 else None
 
 
+MAX_VISIT = 2  # nodes a cell may require every pipeline to use (each doubles the pricing DP's states)
+
+
+def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int | None:
+    """The node most worth a node-level decision (docs §15): one that can host a local layer
+    (G_n ≥ P), undecided, and holding master layers at open floors — scored by that mass times
+    the node's spread penalty; None when there is none (or the cell already requires ``MAX_VISIT``)."""
+    loc, P, L = leaf.locality, leaf.lo, tables.layers
+    if len(loc.visit) >= MAX_VISIT:
+        return None
+    caps = [node.count for node in tables.problem.cluster.nodes]
+    fixed = loc.local | loc.spread
+    mass = np.zeros(len(caps))
+    node_of = [o.node for o in tables.options]
+    for sh, x in leaf.result.solution:
+        j = 0
+        for c, ell in sh.stages:
+            n = node_of[c]
+            mass[n] += x * sum((i, n) not in fixed for i in range(j, j + ell))
+            j += ell
+    score = mass * penalty
+    for n in range(len(caps)):
+        if caps[n] < P or n in loc.visit or any(m == n for _, m in loc.local) or loc.quiet(n, L):
+            score[n] = 0.0
+    n = int(np.argmax(score))
+    return n if score[n] > 1e-12 else None
+
+
 def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
     """Sub-ranges of [lo, hi]: at the largest jump of the global floor R_P when it is worth 1 % of the
     incumbent (a range's run uses its least P's floors, so a range across a jump is weak: e.g. more
@@ -171,19 +202,27 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             stats.stopped = "the least leaf has nothing to branch on"
             break
         lo, hi, loc = leaf.lo, leaf.hi, leaf.locality
-        if not leaf.settled:
+        node = None
+        if lo == hi >= 2 and (leaf.settled or leaf.result.whole):  # P = 1: no sync to branch on
+            if lo not in penalties:
+                penalties[lo] = _spread_penalty(tables, lo)
+            # once the fractional master has converged, a node decision raises the bound more than
+            # the whole-batch phase does (measured on hexiscale-het2), so it comes first
+            node = _node_to_branch(tables, leaf, penalties[lo])
+        if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
+            children = [(lo, hi, loc.with_quiet(node, tables.layers)), (lo, hi, loc.with_visit(node))]
+        elif not leaf.settled:
             children = [(lo, hi, loc)]  # continue its column generation
         elif lo < hi:
             children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s)]
         else:
-            if lo not in penalties:
-                penalties[lo] = _spread_penalty(tables, lo)
-            pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None  # P = 1: no sync
-            if pair is None:
+            pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
+            if pair is not None:
+                children = [(lo, hi, loc.with_local(*pair)), (lo, hi, loc.with_spread(*pair))]
+            else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)
                 continue
-            children = [(lo, hi, loc.with_local(*pair)), (lo, hi, loc.with_spread(*pair))]
         leaves.remove(leaf)
         share = max(min_slice, (deadline - time.monotonic()) / max(8, 2 * len(children), len(heap) + 1))
         for c_lo, c_hi, c_loc in children:
@@ -198,7 +237,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    integral=c_lo == c_hi)  # whole batches pay off for one P, not a range
             stats.nodes += 1
             last = fr.shapes
-            if not c_loc.local and not c_loc.spread:
+            if not c_loc.local and not c_loc.spread and not c_loc.visit:
                 runs[c_hi] = fr
             tie += 1
             add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,

@@ -38,6 +38,75 @@ class Shape:
         return 1.0 + (t - self.total) / self.bottleneck
 
 
+@dataclass(frozen=True, slots=True)
+class _States:
+    """The DP's state space for one set of required nodes V: (node a of the next stage, GPUs r its
+    run of consecutive stages on a uses, mask m of the nodes of V that the stages from here on
+    visit), with the transition tables the vectorised recursion gathers from."""
+
+    S: int                  # number of states
+    masks: int              # 2^|V|
+    ns: np.ndarray          # (C, S) state after putting option c before state s (−1: none)
+    valid: np.ndarray       # (C, S) ns ≥ 0
+    first_ok: np.ndarray    # (C, S) valid and the shape then visits every node of V
+    single_ok: np.ndarray   # (C,) a one-stage shape of option c visits every node of V
+    run_after: np.ndarray   # (C, S) GPUs of the run that starts with c placed before s (0 where invalid)
+    gather: np.ndarray      # (S, width) candidates into [continue a run (C·S) | fresh run (C·masks) | inf]
+    other_node: np.ndarray  # (C, S) the state's node differs from c's: c starts a fresh run
+    fresh_mask: np.ndarray  # (C, S) the mask a fresh run of c before s gets
+    last_into: np.ndarray   # (S, C) the state a last stage of option c is
+    u_mid_s: np.ndarray     # (C, L, S) middle stage times towards each state's node
+    u_first_s: np.ndarray   # (C, L, S)
+
+
+def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
+    """States and transitions for shapes that must use a GPU of every node in ``visit``."""
+    opts = pricer.t.options
+    C = pricer.C
+    bit = {n: 1 << i for i, n in enumerate(visit)}
+    full_mask = (1 << len(visit)) - 1
+    masks = 1 << len(visit)
+    counts = [node.count for node in pricer.t.problem.cluster.nodes]
+    states = [(a, r, m) for a in range(pricer.N) for r in range(1, counts[a] + 1) for m in range(masks)
+              if m & bit.get(a, 0) == bit.get(a, 0)]
+    sidx = {st: i for i, st in enumerate(states)}
+    S = len(states)
+    snode = np.array([a for a, _, _ in states])
+    ns = np.full((C, S), -1, dtype=np.int64)
+    fresh_mask = np.zeros((C, S), dtype=np.int64)
+    for c, o in enumerate(opts):
+        for sb, (b, rb, mb) in enumerate(states):
+            r = o.tp + (rb if b == o.node else 0)
+            fresh_mask[c, sb] = mb | bit.get(o.node, 0)
+            ns[c, sb] = sidx.get((o.node, r, mb | bit.get(o.node, 0)), -1)
+    valid = ns >= 0
+    state_mask = np.array([m for _, _, m in states])
+    first_ok = valid & (state_mask[np.maximum(ns, 0)] == full_mask)
+    single_ok = np.array([bit.get(o.node, 0) == full_mask for o in opts])
+    state_r = np.array([r for _, r, _ in states])
+    run_after = np.where(valid, state_r[np.maximum(ns, 0)], 0)
+    pairs: list[list[int]] = [[] for _ in range(S)]
+    for c, o in enumerate(opts):
+        for sb, (b, _, _) in enumerate(states):
+            if b == o.node and ns[c, sb] >= 0:
+                pairs[ns[c, sb]].append(c * S + sb)
+        for m in range(masks):
+            if (o.node, o.tp, m) in sidx:
+                pairs[sidx[(o.node, o.tp, m)]].append(C * S + c * masks + m)
+    width = max(1, max(len(x) for x in pairs))
+    gather = np.full((S, width), C * S + C * masks, dtype=np.int64)
+    for i, x in enumerate(pairs):
+        gather[i, : len(x)] = x
+    other_node = np.array([[b != o.node for b, _, _ in states] for o in opts])
+    last_into = np.zeros((S, C), dtype=bool)
+    for c, o in enumerate(opts):
+        if (o.node, o.tp, bit.get(o.node, 0)) in sidx:
+            last_into[sidx[(o.node, o.tp, bit.get(o.node, 0))], c] = True
+    return _States(S=S, masks=masks, ns=ns, valid=valid, first_ok=first_ok, single_ok=single_ok,
+                   run_after=run_after, gather=gather, other_node=other_node, fresh_mask=fresh_mask,
+                   last_into=last_into, u_mid_s=pricer.u_mid[:, :, snode], u_first_s=pricer.u_first[:, :, snode])
+
+
 class ShapePricer:
     """Shortest paths over (layers covered, state of the next stage) for batches of caps."""
 
@@ -69,41 +138,7 @@ class ShapePricer:
         self.u_last = np.where(okl, tau[:, None] * ell[None, :] + head[:, None], math.inf)  # (C, L)
         oks = ell[None, :] <= cap(True, True)[:, None]
         self.u_single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
-        # run states (node a, GPUs r used by the run of consecutive stages on a that starts here)
-        counts = [node.count for node in tables.problem.cluster.nodes]
-        states = [(a, r) for a in range(self.N) for r in range(1, counts[a] + 1)]
-        sidx = {st: i for i, st in enumerate(states)}
-        S = self.S = len(states)
-        snode = np.array([a for a, _ in states])
-        ns = np.full((self.C, S), -1, dtype=np.int64)      # state after putting option c before state s
-        for c, o in enumerate(opts):
-            for sb, (b, rb) in enumerate(states):
-                r = o.tp + (rb if b == o.node else 0)
-                ns[c, sb] = sidx.get((o.node, r), -1)
-        self.valid = ns >= 0
-        # GPUs of the run that starts with option c placed before state s (0 where invalid)
-        state_r = np.array([r for _, r in states])
-        self.run_after = np.where(self.valid, state_r[np.maximum(ns, 0)], 0)             # (C, S)
-        # candidates of each new state (a, r), as indices into [mv (C·S) | fresh run (C) | inf]:
-        # option c on a with tp r after a stage on another node, or tp t < r before the run (a, r − t)
-        pairs: list[list[int]] = [[] for _ in range(S)]
-        for c, o in enumerate(opts):
-            for sb, (b, _) in enumerate(states):
-                if b == o.node and ns[c, sb] >= 0:
-                    pairs[ns[c, sb]].append(c * S + sb)
-            if (o.node, o.tp) in sidx:
-                pairs[sidx[(o.node, o.tp)]].append(self.C * S + c)
-        width = max(1, max(len(x) for x in pairs))
-        self.gather = np.full((S, width), self.C * S + self.C, dtype=np.int64)
-        for i, x in enumerate(pairs):
-            self.gather[i, : len(x)] = x
-        self.other_node = np.array([[b != o.node for b, _ in states] for o in opts])       # (C, S)
-        self.last_into = np.zeros((S, self.C), dtype=bool)
-        for c, o in enumerate(opts):
-            if (o.node, o.tp) in sidx:
-                self.last_into[sidx[(o.node, o.tp)], c] = True
-        self.u_mid_s = self.u_mid[:, :, snode]                                           # (C, L, S)
-        self.u_first_s = self.u_first[:, :, snode]
+        self._states: dict[tuple[int, ...], _States] = {}
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
@@ -114,7 +149,11 @@ class ShapePricer:
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
         the values (inf when no shape fits) and the argmin shapes (None when infeasible). States:
         (node of the next stage, GPUs its run uses)."""
-        K, L, C, S = len(caps), self.L, self.C, self.S
+        visit = extras.visit if extras is not None else ()
+        st = self._states.get(visit)
+        if st is None:
+            st = self._states[visit] = _build_states(self, visit)
+        K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
         inf = math.inf
         if extras is None:
             wk = None
@@ -123,7 +162,7 @@ class ShapePricer:
 
         if extras is not None:  # runs that leave no room on their node for the other replicas
             caps_n = np.array(extras.caps)[self.node][:, None]
-            full = (extras.replicas >= 2) & (self.run_after + extras.replicas - 1 > caps_n)  # (C, S)
+            full = (extras.replicas >= 2) & (st.run_after + extras.replicas - 1 > caps_n)  # (C, S)
 
         def wrun(base: np.ndarray, fulls: np.ndarray, start: int, n_len: int) -> np.ndarray:
             """(K, C, ℓ, S): the stage's w (by the run it starts) fits the cap."""
@@ -142,43 +181,49 @@ class ShapePricer:
             ul = self.u_last[:, span - 1]
             okl = (ul[None, :] <= caps[:, None]) & wok(extras.last[:, j, span - 1] if extras else None)
             lv = np.where(okl, ul[None, :] + pen, inf)                                   # (K, C)
-            lm = np.where(self.last_into[None], lv[:, None, :], inf)                     # (K, S, C)
+            lm = np.where(st.last_into[None], lv[:, None, :], inf)                     # (K, S, C)
             lc = lm.argmin(axis=2)
             new = np.take_along_axis(lm, lc[:, :, None], 2)[:, :, 0]
             code = C * S + lc
             lsel = None
             if span > 1:
-                um = self.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
+                um = st.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
                 nxt = G[j + 1: L].transpose(1, 0, 2)                                     # (K, ℓ, S)
                 okm = (um[None] <= capk) & wrun(extras.mid, extras.mid_full, j, span - 1) if extras else um[None] <= capk
                 val = np.where(okm, um[None] + nxt[:, None], inf)                        # (K, C, ℓ, S)
                 lsel = val.argmin(axis=2)                                                # (K, C, S)
                 mv = np.take_along_axis(val, lsel[:, :, None, :], 2)[:, :, 0, :] + pen[:, :, None]
-                fresh_m = np.where(self.other_node[None], mv, inf)                       # (K, C, S)
-                fresh_s = fresh_m.argmin(axis=2)
-                fresh = np.take_along_axis(fresh_m, fresh_s[:, :, None], 2)[:, :, 0]     # (K, C)
-                ext = np.concatenate([mv.reshape(K, C * S), fresh, np.full((K, 1), inf)], axis=1)
-                into = ext[:, self.gather]                                               # (K, S, width)
+                # a fresh run of c (after a stage on another node), by the mask it then has
+                fresh_s = np.empty((K, C, Mk), dtype=np.int64)
+                fresh = np.empty((K, C, Mk))
+                for m in range(Mk):
+                    fresh_m = np.where((st.other_node & (st.fresh_mask == m))[None], mv, inf)  # (K, C, S)
+                    fresh_s[:, :, m] = fresh_m.argmin(axis=2)
+                    fresh[:, :, m] = np.take_along_axis(fresh_m, fresh_s[:, :, m, None], 2)[:, :, 0]
+                ext = np.concatenate([mv.reshape(K, C * S), fresh.reshape(K, C * Mk), np.full((K, 1), inf)],
+                                     axis=1)
+                into = ext[:, st.gather]                                                 # (K, S, width)
                 gi = into.argmin(axis=2)
                 mvals = np.take_along_axis(into, gi[:, :, None], 2)[:, :, 0]
-                mi = self.gather[np.arange(S)[None, :], gi]
+                mi = st.gather[np.arange(S)[None, :], gi]
                 # a fresh run: recover the successor state of the chosen option
                 is_fresh = mi >= C * S
-                cf = np.clip(mi - C * S, 0, C - 1)
-                mi = np.where(is_fresh, cf * S + np.take_along_axis(fresh_s, cf, 1), mi)
+                cf, mf = np.divmod(np.clip(mi - C * S, 0, C * Mk - 1), Mk)
+                succ = fresh_s[np.arange(K)[:, None], cf, mf]
+                mi = np.where(is_fresh, cf * S + succ, mi)
                 better = mvals < new
                 new = np.where(better, mvals, new)
                 code = np.where(better, mi, code)
             G[j] = new
             back[j] = (code, lsel)
         us = self.u_single[:, L - 1]
-        oks = (us[None, :] <= caps[:, None]) & wok(extras.single[:, 0, L - 1] if extras else None)
+        oks = (us[None, :] <= caps[:, None]) & wok(extras.single[:, 0, L - 1] if extras else None) & st.single_ok[None]
         best = np.where(oks, us[None, :] + pen, inf)                                    # (K, C)
         choice = np.full((K, C), -1, dtype=np.int64)
         if L > 1:
-            uf = self.u_first_s[:, : L - 1, :]
+            uf = st.u_first_s[:, : L - 1, :]
             nxt = G[1:L].transpose(1, 0, 2)
-            okf = (uf[None] <= capk) & self.valid[None, :, None, :]
+            okf = (uf[None] <= capk) & st.first_ok[None, :, None, :]
             if extras is not None:
                 okf = okf & wrun(extras.first, extras.first_full, 0, L - 1)
             val = np.where(okf, uf[None] + nxt[:, None], inf)

@@ -13,6 +13,8 @@ know. Branch and price fixes it per (layer, node) (:class:`Locality`):
   node n's own link; stages on other nodes may not hold layer i;
 * *spread* (layer i at node n): not every pipeline does — the holders span ≥ 2 nodes, so a holder on
   n meets a link no faster than n's best link to another node;
+* a node *visited* (``Locality.visit``): some layer is local at it, so every pipeline uses one of its
+  GPUs (the pricing admits only shapes that do); *quiet*: no layer is (all its pairs spread);
 * *open*: no decision — no faster than the best link leaving n (local or not); but a stage of TP t
   on n whose node cannot also hold the other P − 1 replicas (t + P − 1 > G_n: each needs ≥ 1 GPU of
   n) has none of its layers local, so its open layers are spread and a local one is impossible.
@@ -45,12 +47,27 @@ class Locality:
 
     local: frozenset[tuple[int, int]] = frozenset()
     spread: frozenset[tuple[int, int]] = frozenset()
+    visit: frozenset[int] = frozenset()  # nodes with some local layer: every pipeline uses one of their GPUs
 
     def with_local(self, layer: int, node: int) -> Locality:
-        return Locality(local=self.local | {(layer, node)}, spread=self.spread)
+        return Locality(local=self.local | {(layer, node)}, spread=self.spread, visit=self.visit)
 
     def with_spread(self, layer: int, node: int) -> Locality:
-        return Locality(local=self.local, spread=self.spread | {(layer, node)})
+        return Locality(local=self.local, spread=self.spread | {(layer, node)}, visit=self.visit)
+
+    def with_quiet(self, node: int, layers: int) -> Locality:
+        """No layer is local at ``node``: every (layer, node) pair not yet fixed is spread."""
+        fixed = {i for i, n in self.local if n == node}
+        return Locality(local=self.local, visit=self.visit,
+                        spread=self.spread | {(i, node) for i in range(layers) if i not in fixed})
+
+    def with_visit(self, node: int) -> Locality:
+        """Some layer is local at ``node``: then every pipeline holds it there, so uses a GPU of it."""
+        return Locality(local=self.local, spread=self.spread, visit=self.visit | {node})
+
+    def quiet(self, node: int, layers: int) -> bool:
+        """Every layer's pair with ``node`` is fixed spread."""
+        return all((i, node) in self.spread for i in range(layers))
 
     def local_node(self, layer: int) -> int | None:
         """The node every pipeline holds ``layer`` on, if fixed."""
@@ -75,6 +92,7 @@ class StageExtras:
     first_full: np.ndarray   # other replicas: every open layer spread, no local layer
     replicas: int = 1
     caps: tuple[int, ...] = ()
+    visit: tuple[int, ...] = ()  # nodes every shape must use (sorted)
 
     def full(self, run_gpus: int, node: int) -> bool:
         """A run of consecutive stages using ``run_gpus`` GPUs of ``node`` leaves no room there for
@@ -166,7 +184,7 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
         else:
             rows(o, cls[n], banned[n], every)
             rows(o, full_cls, full_ban, {"mid_full": (False, False), "first_full": (True, False)})
-    return StageExtras(**out, replicas=replicas, caps=caps)
+    return StageExtras(**out, replicas=replicas, caps=caps, visit=tuple(sorted(locality.visit)))
 
 
 def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from hexhelix.ir.cluster import load_cluster
+from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.solver.bruteforce import enumerate_plans
@@ -58,6 +58,28 @@ def test_fluid_bound_never_exceeds_bruteforce_optimum(seed: int) -> None:
     for plan in plans:  # rounded plans are plans: never better than the optimum
         ev = evaluate(plan)
         assert not ev.feasible or ev.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_pipeline_counts_bound_stays_below_its_best_enumerated_plan(seed: int) -> None:
+    """Per P, with the search's node- and pair-level locality branching (docs §15): the bound never
+    exceeds the best plan with P pipelines among all enumerated plans."""
+    rng = random.Random(seed)
+    pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(3, 6), seq=1024,
+                      layers=rng.randint(2, 3), inter=rng.choice([1.0, 2.0, 5.0]),
+                      tflops=(100.0, rng.choice([40.0, 90.0])))
+    best: dict[int, float] = {}
+    for plan in enumerate_plans(pb):
+        ev = evaluate(plan)
+        if ev.feasible:
+            P = len(plan.pipelines)
+            best[P] = min(best.get(P, math.inf), ev.iteration_time_s)
+    assert len(best) >= 3  # plans with 2 and more pipelines exist
+    tables = build_tables(pb)
+    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
+                                          branch_nodes=60)
+    for P, t in best.items():
+        assert bounds[P] <= t * (1 + 1e-9), (P, bounds[P], t)
 
 
 def test_fluid_bound_below_heuristics_on_an_example_cluster() -> None:
@@ -115,6 +137,44 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     true = min(s.total + W[s.stages] + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
     assert cert <= true * (1 + 1e-9) + 1e-12
     assert cert >= true - 1e-4 * abs(true)
+
+
+def _runs_fit(tables, s) -> bool:
+    """Every run of consecutive stages on one node fits that node's GPUs (what the pricing DP admits)."""
+    caps = [n.count for n in tables.problem.cluster.nodes]
+    run, prev = 0, None
+    for c, _ in s.stages:
+        o = tables.options[c]
+        run = o.tp + (run if o.node == prev else 0)
+        prev = o.node
+        if run > caps[o.node]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them(seed: int) -> None:
+    """A cell that requires every pipeline to use a GPU of some nodes (docs §15): the DP's minimum of
+    S + π·g under a cap on every stage time equals the minimum over the enumerated shapes that use
+    those nodes, and its argmin uses them."""
+    rng = np.random.default_rng(seed)
+    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
+    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}  # three nodes: runs re-enter nodes
+    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
+    pb = PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+    tables = build_tables(pb)
+    pr = pricer_for(tables)
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
+    for visit in ((), (0,), (1,), (2,), (0, 1), (1, 2)):
+        ex = pr.extras(2, Locality(visit=frozenset(visit)))
+        pi = rng.uniform(0.0, 0.05, len(pb.cluster.nodes))
+        for cap in (math.inf, float(np.median([s.bottleneck for s in shapes]))):
+            vals, found = pr.solve(np.array([cap]), np.array([1.0]), pi, extras=ex)
+            fits = [s for s in shapes if s.bottleneck <= cap and all(s.gpus[n] > 0 for n in visit)]
+            true = min((s.total + pi @ np.array(s.gpus) for s in fits), default=math.inf)
+            assert vals[0] == pytest.approx(true, rel=1e-9, abs=1e-12), (visit, cap)
+            if fits:
+                assert all(found[0].gpus[n] > 0 for n in visit)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 5])
@@ -208,16 +268,22 @@ def test_every_stage_floor_is_below_the_evaluated_sync_plus_optimizer(seed: int)
 
 
 def plan_locality(plan) -> Locality:
-    """The locality cell a plan lies in: (layer, node) local when every pipeline holds the layer on
-    that node, spread when some but not all do."""
+    """The locality cell a plan lies in, as deep as the search can go: (layer, node) local when every
+    pipeline holds the layer on that node, spread otherwise; nodes with a local layer required of every
+    pipeline, nodes without one quiet (every pair spread)."""
     held: dict[tuple[int, int], int] = {}
     for pipe in plan.pipelines:
         for st in pipe.stages:
             for i in range(*st.layers):
                 held[(i, st.node)] = held.get((i, st.node), 0) + 1
     P = len(plan.pipelines)
-    return Locality(local=frozenset(k for k, v in held.items() if v == P),
-                    spread=frozenset(k for k, v in held.items() if v < P))
+    local = frozenset(k for k, v in held.items() if v == P)
+    loc = Locality(local=local, spread=frozenset(k for k, v in held.items() if v < P),
+                   visit=frozenset(n for _, n in local))  # a node with a local layer: every pipeline uses it
+    for n in range(len(plan.problem.cluster.nodes)):  # a node with none: all its pairs spread
+        if all(m != n for _, m in local):
+            loc = loc.with_quiet(n, plan.problem.model.layers)
+    return loc
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -241,6 +307,7 @@ def test_stage_floors_in_a_plans_own_locality_cell_stay_below_its_sync_plus_opti
             stages = tuple((idx[(st.node, st.tp)], st.num_layers) for st in pipe.stages)
             w = stage_w(stages, ex, [o.node for o in tables.options], [o.tp for o in tables.options])
             assert w <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12), (plan, w, ev.grad_sync_s, ev.optimizer_s)
+            assert all(any(st.node == n for st in pipe.stages) for n in ex.visit)  # the cell's shapes use them
         checked += 1
     assert checked > 0
 
