@@ -7,6 +7,12 @@ the proven bound, the master's own estimate and whether the run converged. The p
 those of benchmarks/planner.py (global batch 64, micro-batch 1, seq 4096, full recompute).
 
     python benchmarks/fluid_probe.py homo-32xa100 5,7 --seconds 40
+
+With ``all`` instead of pipeline counts it runs the planner's whole bound search
+(:func:`hexhelix.solver.fluid_branch.fluid_bounds_by_pipelines`: ranges of P, locality cells) for the
+given seconds and prints each P's bound and the least one — the fluid part of the planner alone:
+
+    python benchmarks/fluid_probe.py hexiscale-het3 all --seconds 69
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.model import PRESETS
 from hexhelix.solver.candidates import build_tables
+from hexhelix.solver.exact_plan import max_pipelines
 from hexhelix.solver.fluid_bound import fluid_lower_bound, optimizer_lower_bound, sync_lower_bound
+from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
 from hexhelix.solver.solve import solve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,12 +38,12 @@ from planner import CLUSTERS, problem
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cluster", help="an example cluster name (examples/clusters/NAME.yaml)")
-    ap.add_argument("pipelines", help="pipeline counts, comma-separated, e.g. 5,7")
+    ap.add_argument("pipelines", help="pipeline counts, comma-separated, e.g. 5,7; or 'all': the whole search")
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--seconds", type=float, default=40.0, help="deadline of each run")
     args = ap.parse_args(argv)
     try:
-        counts = [int(p) for p in args.pipelines.split(",")]
+        counts = [] if args.pipelines == "all" else [int(p) for p in args.pipelines.split(",")]
         pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
     except (ValueError, KeyError, InvalidInputError) as err:  # a typo gets one line, not a traceback
         ap.error(f"{err} (pipelines: comma-separated integers; model: one of {', '.join(sorted(PRESETS))})")
@@ -43,6 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     tables = build_tables(pb)
     print(f"{args.cluster} / {args.model}: hexiscale incumbent {heur.iteration_time_s:.4f} s "
           f"({len(heur.plan.pipelines)} pipelines)")
+    if not counts:
+        t0 = time.monotonic()
+        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=heur.iteration_time_s,
+                                              seed_plans=(heur.plan,), deadline=t0 + args.seconds)
+        print("P  bound s")
+        for P, b in sorted(bounds.items()):
+            print(f"{P:<2} {b:.4f}")
+        least = min(bounds, key=bounds.__getitem__)
+        print(f"least bound {bounds[least]:.4f} s (P = {least}) after {time.monotonic() - t0:.1f} s; "
+              f"gap to the incumbent {1 - bounds[least] / heur.iteration_time_s:.1%}")
+        return 0
     print("P  micro-batches  bound s  master s  converged  seconds")
     for P in counts:
         rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
