@@ -152,6 +152,8 @@ class ShapePricer:
         visit = extras.visit if extras is not None else ()
         st = self._states.get(visit)
         if st is None:
+            if len(self._states) > 8:  # a few MB each at 56 GPUs: keep the recent required-node sets only
+                self._states.clear()
             st = self._states[visit] = _build_states(self, visit)
         K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
         inf = math.inf
