@@ -91,20 +91,27 @@ def _spread_penalty(tables: CostTables, P: int) -> np.ndarray:
     return np.minimum(np.array(out), 1e6)  # inf (one node: a spread layer cannot be held there) ranks first
 
 
-def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[int, int] | None:
-    """The open (layer, node) pair most worth branching on: held on node n by a fraction h of the
-    master's P pipelines with 0 < h < P, scored by h·(P − h)·penalty(n); None when there is none."""
-    L, N, P = tables.layers, len(tables.problem.cluster.nodes), leaf.lo
-    h = np.zeros((L, N))
+def _open_holdings(tables: CostTables, leaf: _Leaf) -> np.ndarray:
+    """h[i, n]: how many of the leaf master's pipelines hold layer i on node n (Σ of x), 0 where the
+    leaf's locality already fixes the pair."""
+    h = np.zeros((tables.layers, len(tables.problem.cluster.nodes)))
     node_of = [o.node for o in tables.options]
     for sh, x in leaf.result.solution:
         j = 0
         for c, ell in sh.stages:
             h[j: j + ell, node_of[c]] += x
             j += ell
-    score = h * (P - h) * penalty[None, :]
     for i, n in leaf.locality.local | leaf.locality.spread:
-        score[i, n] = 0.0
+        h[i, n] = 0.0
+    return h
+
+
+def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[int, int] | None:
+    """The open (layer, node) pair most worth branching on: held on node n by a fraction h of the
+    master's P pipelines with 0 < h < P, scored by h·(P − h)·penalty(n); None when there is none."""
+    P = leaf.lo
+    h = _open_holdings(tables, leaf)
+    score = h * (P - h) * penalty[None, :]
     score[(h < 1e-6) | (h > P - 1e-6)] = 0.0
     i, n = np.unravel_index(int(np.argmax(score)), score.shape)
     return (int(i), int(n)) if score[i, n] > 1e-12 else None
@@ -120,19 +127,9 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     loc, P, L = leaf.locality, leaf.lo, tables.layers
     if len(loc.visit) >= MAX_VISIT:
         return None
-    caps = [node.count for node in tables.problem.cluster.nodes]
-    fixed = loc.local | loc.spread
-    mass = np.zeros(len(caps))
-    node_of = [o.node for o in tables.options]
-    for sh, x in leaf.result.solution:
-        j = 0
-        for c, ell in sh.stages:
-            n = node_of[c]
-            mass[n] += x * sum((i, n) not in fixed for i in range(j, j + ell))
-            j += ell
-    score = mass * penalty
-    for n in range(len(caps)):
-        if caps[n] < P or n in loc.visit or any(m == n for _, m in loc.local) or loc.quiet(n, L):
+    score = _open_holdings(tables, leaf).sum(axis=0) * penalty
+    for n, node in enumerate(tables.problem.cluster.nodes):
+        if node.count < P or n in loc.visit or any(m == n for _, m in loc.local) or loc.quiet(n, L):
             score[n] = 0.0
     n = int(np.argmax(score))
     return n if score[n] > 1e-12 else None
