@@ -297,8 +297,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     finite = [float(t[np.isfinite(t)].min()) for t in (extras.mid, extras.first, extras.last, extras.single)
               if np.isfinite(t).any()]
     w0 = max(rest_s, min(finite, default=0.0))
-    u_edges = list(np.geomspace(lo0, top, 17))
-    w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * top), top, 5)[1:]) if top > w0 > 0 else
+    u_edges = list(np.geomspace(lo0, top, 9))
+    w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * top), top, 3)[1:]) if top > w0 > 0 else
                                  [top] if top > w0 else [])
     boxes0 = [(u_edges[i], u_edges[i + 1], w_edges[j], w_edges[j + 1], 0.0, math.inf)
               for i in range(len(u_edges) - 1) for j in range(len(w_edges) - 1)]
