@@ -46,9 +46,7 @@ class _States:
 
     S: int                  # number of states
     masks: int              # 2^|V|
-    ns: np.ndarray          # (C, S) state after putting option c before state s (−1: none)
-    valid: np.ndarray       # (C, S) ns ≥ 0
-    first_ok: np.ndarray    # (C, S) valid and the shape then visits every node of V
+    first_ok: np.ndarray    # (C, S) c fits before s and the shape then visits every node of V
     single_ok: np.ndarray   # (C,) a one-stage shape of option c visits every node of V
     run_after: np.ndarray   # (C, S) GPUs of the run that starts with c placed before s (0 where invalid)
     gather: np.ndarray      # (S, width) candidates into [continue a run (C·S) | fresh run (C·masks) | inf]
@@ -72,7 +70,7 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     sidx = {st: i for i, st in enumerate(states)}
     S = len(states)
     snode = np.array([a for a, _, _ in states])
-    ns = np.full((C, S), -1, dtype=np.int64)
+    ns = np.full((C, S), -1, dtype=np.int64)  # state after putting option c before state s (−1: none)
     fresh_mask = np.zeros((C, S), dtype=np.int64)
     for c, o in enumerate(opts):
         for sb, (b, rb, mb) in enumerate(states):
@@ -85,6 +83,8 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     single_ok = np.array([bit.get(o.node, 0) == full_mask for o in opts])
     state_r = np.array([r for _, r, _ in states])
     run_after = np.where(valid, state_r[np.maximum(ns, 0)], 0)
+    # candidates of each state (a, r, m): option c (tp t) on a before the run (a, r − t, m) it extends,
+    # or a fresh run of c (tp r) after a stage on another node whose mask, plus c's node, is m
     pairs: list[list[int]] = [[] for _ in range(S)]
     for c, o in enumerate(opts):
         for sb, (b, _, _) in enumerate(states):
@@ -102,7 +102,7 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     for c, o in enumerate(opts):
         if (o.node, o.tp, bit.get(o.node, 0)) in sidx:
             last_into[sidx[(o.node, o.tp, bit.get(o.node, 0))], c] = True
-    return _States(S=S, masks=masks, ns=ns, valid=valid, first_ok=first_ok, single_ok=single_ok,
+    return _States(S=S, masks=masks, first_ok=first_ok, single_ok=single_ok,
                    run_after=run_after, gather=gather, other_node=other_node, fresh_mask=fresh_mask,
                    last_into=last_into, u_mid_s=pricer.u_mid[:, :, snode], u_first_s=pricer.u_first[:, :, snode])
 
