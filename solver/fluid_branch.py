@@ -156,9 +156,10 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
     pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
     generation while it has not converged; split into sub-ranges (each one's run uses the
-    floors of its least P and Σ x ≤ its greatest: valid for the whole range); for one P ≥ 2, branched
-    on the (layer, node) pair its master holds fractionally; otherwise final (:func:`_split` says
-    how ranges split). Each step gets a slice
+    floors of its least P and Σ x ≤ its greatest: valid for the whole range); for one P ≥ 2, split
+    on a node (quiet | visited, :func:`_node_to_branch`) as soon as its fractional master has
+    converged, else on the (layer, node) pair its master holds fractionally; otherwise final
+    (:func:`_split` says how ranges split). Each step gets a slice
     of the time left (at least ``min_slice``), so the least leaf is re-chosen as bounds rise.
     ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent. Also returns, per
     greatest P of a leaf without locality decisions, its latest run (for rounding into plans)."""

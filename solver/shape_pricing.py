@@ -50,8 +50,7 @@ class _States:
     single_ok: np.ndarray   # (C,) a one-stage shape of option c visits every node of V
     run_after: np.ndarray   # (C, S) GPUs of the run that starts with c placed before s (0 where invalid)
     gather: np.ndarray      # (S, width) candidates into [continue a run (C·S) | fresh run (C·masks) | inf]
-    other_node: np.ndarray  # (C, S) the state's node differs from c's: c starts a fresh run
-    fresh_mask: np.ndarray  # (C, S) the mask a fresh run of c before s gets
+    fresh_sel: np.ndarray   # (masks, C, S) c starts a fresh run before s (another node) that gets mask m
     last_into: np.ndarray   # (S, C) the state a last stage of option c is
     u_mid_s: np.ndarray     # (C, L, S) middle stage times towards each state's node
     u_first_s: np.ndarray   # (C, L, S)
@@ -98,12 +97,13 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     for i, x in enumerate(pairs):
         gather[i, : len(x)] = x
     other_node = np.array([[b != o.node for b, _, _ in states] for o in opts])
+    fresh_sel = np.stack([other_node & (fresh_mask == m) for m in range(masks)])
     last_into = np.zeros((S, C), dtype=bool)
     for c, o in enumerate(opts):
         if (o.node, o.tp, bit.get(o.node, 0)) in sidx:
             last_into[sidx[(o.node, o.tp, bit.get(o.node, 0))], c] = True
     return _States(S=S, masks=masks, first_ok=first_ok, single_ok=single_ok,
-                   run_after=run_after, gather=gather, other_node=other_node, fresh_mask=fresh_mask,
+                   run_after=run_after, gather=gather, fresh_sel=fresh_sel,
                    last_into=last_into, u_mid_s=pricer.u_mid[:, :, snode], u_first_s=pricer.u_first[:, :, snode])
 
 
@@ -148,7 +148,8 @@ class ShapePricer:
         """For each k: min over shapes with every u ≤ caps[k] (and every run of consecutive stages on
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
         the values (inf when no shape fits) and the argmin shapes (None when infeasible). States:
-        (node of the next stage, GPUs its run uses)."""
+        (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
+        every shape the stages from there on use: only shapes using all of them are admitted)."""
         visit = extras.visit if extras is not None else ()
         st = self._states.get(visit)
         if st is None:
@@ -199,7 +200,7 @@ class ShapePricer:
                 fresh_s = np.empty((K, C, Mk), dtype=np.int64)
                 fresh = np.empty((K, C, Mk))
                 for m in range(Mk):
-                    fresh_m = np.where((st.other_node & (st.fresh_mask == m))[None], mv, inf)  # (K, C, S)
+                    fresh_m = np.where(st.fresh_sel[m][None], mv, inf)                   # (K, C, S)
                     fresh_s[:, :, m] = fresh_m.argmin(axis=2)
                     fresh[:, :, m] = np.take_along_axis(fresh_m, fresh_s[:, :, m, None], 2)[:, :, 0]
                 ext = np.concatenate([mv.reshape(K, C * S), fresh.reshape(K, C * Mk), np.full((K, 1), inf)],
