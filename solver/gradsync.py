@@ -11,7 +11,7 @@ from hexhelix.ir.slices import slice_pieces
 
 from . import cost
 
-__all__ = ["grad_sync_time", "unit_params"]
+__all__ = ["gpu_sync_times", "grad_sync_time", "unit_params"]
 
 
 def unit_params(plan: Plan, unit: str) -> int:
@@ -24,12 +24,12 @@ def unit_params(plan: Plan, unit: str) -> int:
     return m.params_per_layer
 
 
-def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
-    """Seconds until every GPU has all-reduced all pieces it holds, pieces on one GPU serialised,
-    different GPUs in parallel; each piece is a ring all-reduce over its holders at the speed of
-    their slowest link. One pipeline: no sync."""
+def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, float]:
+    """Seconds each GPU spends all-reducing the pieces it holds, pieces on one GPU serialised; each
+    piece is a ring all-reduce over its holders at the speed of their slowest link. One pipeline:
+    no sync (empty)."""
     if len(plan.pipelines) < 2:
-        return 0.0
+        return {}
     cl, tr = plan.problem.cluster, plan.problem.training
     devices = cl.devices()
     per_gpu: dict[int, float] = defaultdict(float)
@@ -41,4 +41,9 @@ def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
         t = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload, slow, profile)
         for g in set(piece.gpus):
             per_gpu[g] += t
-    return max(per_gpu.values(), default=0.0)
+    return dict(per_gpu)
+
+
+def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:
+    """Seconds until every GPU has synced its pieces (:func:`gpu_sync_times`; GPUs run in parallel)."""
+    return max(gpu_sync_times(plan, profile).values(), default=0.0)

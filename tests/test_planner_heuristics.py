@@ -12,7 +12,7 @@ from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import plan_hexiscale
+from hexhelix.solver.hexiscale import _finish, _PipelineSolver, plan_hexiscale, polish, relieve_sync
 from hexhelix.solver.hexiscale_released import (
     DP_FACTOR,
     PIPE_FACTOR,
@@ -335,3 +335,31 @@ def test_fixed_beats_or_matches_released_when_both_feasible(examples_dir):
     fixed, rel = plan_hexiscale(pr), plan_hexiscale_released(pr)
     if rel.status is SolveStatus.FEASIBLE:
         assert fixed.iteration_time_s <= rel.iteration_time_s * (1 + 1e-9)
+
+
+def _split_node_problem() -> PlanProblem:
+    """One 2-GPU node and two 1-GPU nodes behind a slow link: two vertical stripes share node a for
+    their first stage, but their second stages sit on different nodes, so those layers sync slowly."""
+    cl = Cluster.from_dict({"name": "split", "inter_GBps": 5, "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "count": 2},
+        {"name": "b", "gpu": "A100-SXM4-80GB", "count": 1},
+        {"name": "c", "gpu": "A100-SXM4-80GB", "count": 1}]})
+    return PlanProblem(cluster=cl, model=PRESETS["llama2-7b"], training=SMALL_TRAIN)
+
+
+def test_relieve_sync_moves_layers_off_slowly_synced_stages_where_single_moves_cannot():
+    pr = _split_node_problem()
+    ps = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+    plan = _finish(pr, ps, [[0, 2], [1, 3]])          # pipeline 0 on a + b, pipeline 1 on a + c
+    ev = evaluate(plan)
+    assert [[s.node for s in p.stages] for p in plan.pipelines] == [[0, 1], [0, 2]]
+    _, pev = polish(plan)
+    relieved, rev = relieve_sync(plan, ev, ps)
+    # one layer moved in one pipeline leaves the other pipeline's slow stage as slow: polish is stuck
+    assert pev.iteration_time_s > rev.iteration_time_s
+    assert rev.feasible and rev.iteration_time_s < ev.iteration_time_s and rev.grad_sync_s < ev.grad_sync_s
+    for before, after in zip(plan.pipelines, relieved.pipelines):
+        assert after.stages[1].num_layers < before.stages[1].num_layers      # off the slowly synced node
+        assert after.micro_batches == before.micro_batches
+    # the planner applies it: its plan is at least as good as the relieved stripes
+    assert plan_hexiscale(pr).iteration_time_s <= rev.iteration_time_s + 1e-12
