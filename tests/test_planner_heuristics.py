@@ -222,7 +222,7 @@ def test_hexiscale_is_deterministic_and_seeded(examples_dir):
 def test_hexiscale_splits_batch_by_throughput(examples_dir):
     """Unequal pipelines get unequal micro-batch counts (the released planner splits equally), and no
     single micro-batch moved between pipelines shortens the slowest one."""
-    pr = _problem(examples_dir, "hexiscale-het2", training=TrainingConfig(global_batch=64, seq_len=4096))
+    pr = _problem(examples_dir, "hexiscale-het1", training=TrainingConfig(global_batch=64, seq_len=4096))
     plan = plan_hexiscale(pr).plan
     ms = [p.micro_batches for p in plan.pipelines]
     assert sum(ms) == 64 and len(ms) > 1 and len(set(ms)) > 1
