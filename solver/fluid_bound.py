@@ -56,7 +56,7 @@ from . import cost
 from .candidates import CostTables
 from .milp_plan import quiet_stdout
 from .shape_pricing import Shape, pricer_for, shape_from_stages, shape_of_pipeline
-from .stage_floors import NO_LOCALITY, Locality, StageExtras
+from .stage_floors import NO_LOCALITY, Locality, StageExtras, fits_visits
 
 __all__ = ["FluidResult", "Shape", "certificate", "fluid_lower_bound", "optimizer_lower_bound", "shape_from_stages",
            "shape_of_pipeline", "sync_lower_bound"]
@@ -111,8 +111,8 @@ class _Floors:
     def __call__(self, s: Shape) -> float:
         w = self._w.get(s.stages)
         if w is None:
-            outside = any(s.gpus[n] == 0 for n in self.extras.visit)  # not in the cell: every pipeline visits them
-            w = self._w[s.stages] = math.inf if outside else max(self.rest, self.pr.stage_w(s.stages, self.extras))
+            inside = fits_visits(s.stages, self.extras, self.pr.node_list, self.pr.tp_list)  # visited nodes' rules
+            w = self._w[s.stages] = max(self.rest, self.pr.stage_w(s.stages, self.extras)) if inside else math.inf
         return w
 
     def rate(self, s: Shape, t: float, whole: bool = False) -> float:

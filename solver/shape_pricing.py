@@ -56,14 +56,19 @@ class _States:
     u_first_s: np.ndarray   # (C, L, S)
 
 
-def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
-    """States and transitions for shapes that must use a GPU of every node in ``visit``."""
+def _build_states(pricer: ShapePricer, visit: tuple[int, ...], vcap: tuple[int, ...] = ()) -> _States:
+    """States and transitions for shapes that must use a GPU of every node in ``visit``, with no run
+    on such a node above its ``vcap`` GPUs and a single run where that cap is 1
+    (:func:`.stage_floors.fits_visits`)."""
     opts = pricer.t.options
     C = pricer.C
     bit = {n: 1 << i for i, n in enumerate(visit)}
     full_mask = (1 << len(visit)) - 1
     masks = 1 << len(visit)
     counts = [node.count for node in pricer.t.problem.cluster.nodes]
+    for n, cap in zip(visit, vcap):
+        counts[n] = min(counts[n], cap)                   # a run on a visited node stays within its cap
+    once = {n for n, cap in zip(visit, vcap) if cap == 1}  # one GPU there: a second run is not allowed
     states = [(a, r, m) for a in range(pricer.N) for r in range(1, counts[a] + 1) for m in range(masks)
               if m & bit.get(a, 0) == bit.get(a, 0)]
     sidx = {st: i for i, st in enumerate(states)}
@@ -71,15 +76,17 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     snode = np.array([a for a, _, _ in states])
     ns = np.full((C, S), -1, dtype=np.int64)  # state after putting option c before state s (−1: none)
     fresh_mask = np.zeros((C, S), dtype=np.int64)
+    again = np.zeros((C, S), dtype=bool)     # a fresh run on a once-only node the suffix already used
     for c, o in enumerate(opts):
         for sb, (b, rb, mb) in enumerate(states):
             r = o.tp + (rb if b == o.node else 0)
             fresh_mask[c, sb] = mb | bit.get(o.node, 0)
-            ns[c, sb] = sidx.get((o.node, r, mb | bit.get(o.node, 0)), -1)
+            again[c, sb] = b != o.node and o.node in once and bool(mb & bit[o.node])
+            ns[c, sb] = -1 if again[c, sb] else sidx.get((o.node, r, mb | bit.get(o.node, 0)), -1)
     valid = ns >= 0
     state_mask = np.array([m for _, _, m in states])
     first_ok = valid & (state_mask[np.maximum(ns, 0)] == full_mask)
-    single_ok = np.array([bit.get(o.node, 0) == full_mask for o in opts])
+    single_ok = np.array([bit.get(o.node, 0) == full_mask and o.tp <= counts[o.node] for o in opts])
     state_r = np.array([r for _, r, _ in states])
     run_after = np.where(valid, state_r[np.maximum(ns, 0)], 0)
     # candidates of each state (a, r, m): option c (tp t) on a before the run (a, r − t, m) it extends,
@@ -97,7 +104,7 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...]) -> _States:
     for i, x in enumerate(pairs):
         gather[i, : len(x)] = x
     other_node = np.array([[b != o.node for b, _, _ in states] for o in opts])
-    fresh_sel = np.stack([other_node & (fresh_mask == m) for m in range(masks)])
+    fresh_sel = np.stack([other_node & ~again & (fresh_mask == m) for m in range(masks)])
     last_into = np.zeros((S, C), dtype=bool)
     for c, o in enumerate(opts):
         if (o.node, o.tp, bit.get(o.node, 0)) in sidx:
@@ -138,7 +145,7 @@ class ShapePricer:
         self.u_last = np.where(okl, tau[:, None] * ell[None, :] + head[:, None], math.inf)  # (C, L)
         oks = ell[None, :] <= cap(True, True)[:, None]
         self.u_single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
-        self._states: dict[tuple[int, ...], _States] = {}
+        self._states: dict[tuple[tuple[int, ...], tuple[int, ...]], _States] = {}
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
@@ -151,11 +158,12 @@ class ShapePricer:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
         every shape the stages from there on use: only shapes using all of them are admitted)."""
         visit = extras.visit if extras is not None else ()
-        st = self._states.get(visit)
+        key = (visit, tuple(extras.visit_cap(n) for n in visit) if extras is not None else ())
+        st = self._states.get(key)
         if st is None:
             if len(self._states) > 8:  # a few MB each at 56 GPUs: keep the recent required-node sets only
                 self._states.clear()
-            st = self._states[visit] = _build_states(self, visit)
+            st = self._states[key] = _build_states(self, *key)
         K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
         inf = math.inf
         if extras is None:

@@ -14,7 +14,9 @@ know. Branch and price fixes it per (layer, node) (:class:`Locality`):
 * *spread* (layer i at node n): not every pipeline does — the holders span ≥ 2 nodes, so a holder on
   n meets a link no faster than n's best link to another node;
 * a node *visited* (``Locality.visit``): some layer is local at it, so every pipeline uses one of its
-  GPUs (the pricing admits only shapes that do); *quiet*: no layer is (all its pairs spread);
+  GPUs — and therefore none uses more than G_n − P + 1 of them (the pricing admits only shapes that
+  use it, with no run of consecutive stages there above that, and a single run where it is 1:
+  :func:`fits_visits`); *quiet*: no layer is (all its pairs spread);
 * *open*: no decision — no faster than the best link leaving n (local or not); but a stage of TP t
   on n whose node cannot also hold the other P − 1 replicas (t + P − 1 > G_n: each needs ≥ 1 GPU of
   n) has none of its layers local, so its open layers are spread and a local one is impossible.
@@ -36,7 +38,7 @@ from hexhelix.ir.opgraph import OpClass
 from . import cost
 from .candidates import CostTables, StageOption, _link_key
 
-__all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "stage_extras", "stage_w"]
+__all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "fits_visits", "stage_extras", "stage_w"]
 
 OPEN, LOCAL, SPREAD = 0, 1, 2
 
@@ -93,6 +95,10 @@ class StageExtras:
     replicas: int = 1
     caps: tuple[int, ...] = ()
     visit: tuple[int, ...] = ()  # nodes every shape must use (sorted)
+
+    def visit_cap(self, node: int) -> int:
+        """GPUs of a visited node one pipeline may use: all P pipelines use one, so ≤ G_n − P + 1."""
+        return self.caps[node] - max(1, self.replicas) + 1
 
     def full(self, run_gpus: int, node: int) -> bool:
         """A run of consecutive stages using ``run_gpus`` GPUs of ``node`` leaves no room there for
@@ -209,3 +215,27 @@ def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Seq
                 (extras.mid_full if full else extras.mid)
         vals.append(table[c, starts[k], ell - 1])
     return float(max(vals))
+
+
+def fits_visits(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
+                tps: Sequence[int]) -> bool:
+    """The shape may belong to the cell's plans: it uses every visited node, no run of consecutive
+    stages on one exceeds its :meth:`StageExtras.visit_cap`, and where that cap is 1 it visits the
+    node once (two runs would use two GPUs) — exactly what the pricing DP admits."""
+    if not extras.visit:
+        return True
+    runs: dict[int, list[int]] = {}
+    prev = None
+    for c, _ in stages:
+        n = nodes[c]
+        if n == prev:
+            runs[n][-1] += tps[c]
+        else:
+            runs.setdefault(n, []).append(tps[c])
+        prev = n
+    for n in extras.visit:
+        cap = extras.visit_cap(n)
+        got = runs.get(n)
+        if not got or max(got) > cap or (cap == 1 and len(got) > 1):
+            return False
+    return True

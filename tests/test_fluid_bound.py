@@ -28,7 +28,7 @@ from hexhelix.solver.fluid_branch import _split, fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import pricer_for
 from hexhelix.solver.solve import solve
-from hexhelix.solver.stage_floors import Locality, stage_extras, stage_w
+from hexhelix.solver.stage_floors import Locality, fits_visits, stage_extras, stage_w
 from test_planner_exact import make_problem
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -156,7 +156,8 @@ def _runs_fit(tables, s) -> bool:
 def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them(seed: int) -> None:
     """A cell that requires every pipeline to use a GPU of some nodes (docs §15): the DP's minimum of
     S + π·g under a cap on every stage time equals the minimum over the enumerated shapes that use
-    those nodes, and its argmin uses them."""
+    those nodes within their room (with two pipelines: one GPU of the 2-GPU node, in one run; at
+    most two consecutive of the 3-GPU node; none of the 1-GPU node), and its argmin is one of them."""
     rng = np.random.default_rng(seed)
     two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
     third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}  # three nodes: runs re-enter nodes
@@ -167,14 +168,16 @@ def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them
     shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
     for visit in ((), (0,), (1,), (2,), (0, 1), (1, 2)):
         ex = pr.extras(2, Locality(visit=frozenset(visit)))
-        pi = rng.uniform(0.0, 0.05, len(pb.cluster.nodes))
-        for cap in (math.inf, float(np.median([s.bottleneck for s in shapes]))):
+        us = [s.bottleneck for s in shapes]
+        for pi, cap in itertools.product((np.zeros(len(pb.cluster.nodes)), rng.uniform(0.0, 0.05, len(pb.cluster.nodes))),
+                                         (math.inf, *np.quantile(us, [0.1, 0.25, 0.5]))):
             vals, found = pr.solve(np.array([cap]), np.array([1.0]), pi, extras=ex)
-            fits = [s for s in shapes if s.bottleneck <= cap and all(s.gpus[n] > 0 for n in visit)]
+            fits = [s for s in shapes if s.bottleneck <= cap and fits_visits(s.stages, ex, pr.node_list, pr.tp_list)]
             true = min((s.total + pi @ np.array(s.gpus) for s in fits), default=math.inf)
             assert vals[0] == pytest.approx(true, rel=1e-9, abs=1e-12), (visit, cap)
             if fits:
                 assert all(found[0].gpus[n] > 0 for n in visit)
+                assert fits_visits(found[0].stages, ex, pr.node_list, pr.tp_list)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 5])
@@ -308,6 +311,7 @@ def test_stage_floors_in_a_plans_own_locality_cell_stay_below_its_sync_plus_opti
             w = stage_w(stages, ex, [o.node for o in tables.options], [o.tp for o in tables.options])
             assert w <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12), (plan, w, ev.grad_sync_s, ev.optimizer_s)
             assert all(any(st.node == n for st in pipe.stages) for n in ex.visit)  # the cell's shapes use them
+            assert fits_visits(stages, ex, [o.node for o in tables.options], [o.tp for o in tables.options])
         checked += 1
     assert checked > 0
 
