@@ -32,19 +32,24 @@ from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
 from hexhelix.solver.solve import solve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from planner import CLUSTERS, problem
+from planner import CLUSTERS, generated, problem
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("cluster", help="an example cluster name (examples/clusters/NAME.yaml)")
+    ap.add_argument("cluster", help="an example cluster name (examples/clusters/NAME.yaml), or gen-N: the "
+                                    "planner benchmark's generated N-GPU A100/A40 cluster")
     ap.add_argument("pipelines", help="pipeline counts, comma-separated, e.g. 5,7; or 'all': the whole search")
     ap.add_argument("--model", default="llama2-7b")
     ap.add_argument("--seconds", type=float, default=40.0, help="deadline of each run")
     args = ap.parse_args(argv)
     try:
         counts = [] if args.pipelines == "all" else [int(p) for p in args.pipelines.split(",")]
-        pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
+        if args.cluster.startswith("gen-"):
+            n = int(args.cluster[4:])
+            pb = problem(generated(n), args.model, max(64, n))
+        else:
+            pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
     except (ValueError, KeyError, InvalidInputError) as err:  # a typo gets one line, not a traceback
         ap.error(f"{err} (pipelines: comma-separated integers; model: one of {', '.join(sorted(PRESETS))})")
     heur = solve(pb, "hexiscale")

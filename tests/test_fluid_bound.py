@@ -24,7 +24,7 @@ from hexhelix.solver.fluid_bound import (
     shape_from_stages,
     sync_lower_bound,
 )
-from hexhelix.solver.fluid_branch import _split, fluid_bounds_by_pipelines
+from hexhelix.solver.fluid_branch import _jump_ranges, _split, fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import pricer_for
 from hexhelix.solver.solve import solve
@@ -341,3 +341,8 @@ def test_pipeline_ranges_split_at_the_sync_floor_jump_then_into_single_counts() 
     assert _split(rest, 9, 32, upper_s=5.0) == [(9, 20), (21, 32)]
     # a jump under 1 % of the incumbent is not worth a split of its own
     assert _split(rest, 2, 32, upper_s=500.0) == [(2, 17), (18, 32)]
+    # the search starts from the ranges between such jumps (no run over the whole span first)
+    rest.update({P: 2.0 + 0.01 * P for P in range(17, 33)})  # P > 16: a second jump
+    assert _jump_ranges(rest, 2, 32, upper_s=5.0) == [(2, 8), (9, 16), (17, 32)]
+    assert _jump_ranges(rest, 2, 32, upper_s=500.0) == [(2, 32)]
+    assert _jump_ranges(rest, 2, 2, upper_s=5.0) == [(2, 2)]
