@@ -32,7 +32,7 @@ from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
 from .fluid_bound import Shape
-from .fluid_branch import fluid_bounds_by_pipelines
+from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT = 60.0
 TICKS_AT_RATE_BOUND = 1e9   # integer time scale: the total-work bound maps to 1e9 ticks
+FLUID_PARALLEL_MIN_S = 20.0  # from this time limit on, the fluid search runs in a child on a second core
+FLUID_COLLECT_S = 1.0        # kept at the end to receive the child's bounds and round its masters
 Backend = Callable[[LinearModel, float, "dict[int, int] | None"], BackendOutcome]
 
 
@@ -95,7 +97,10 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     (cap P; the bound is then only over the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
     ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at most
-    ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent),
+    ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent; with
+    ``fluid_parallel`` — default: when the time limit is at least 20 s and a second core and
+    ``fork`` are available — it runs instead in a forked child for the whole time limit while the
+    exact models run here, and its bounds and rounded plans join theirs at the end),
     ``shape_bound`` (default True: the order-free shape enumeration bound of :mod:`.shape_bound`,
     given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
     bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
@@ -128,18 +133,32 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
     rate = tables.gpu_rate_bound()
     fluid: dict[int, float] = {}
-    if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
-        fluid, runs = fluid_bounds_by_pipelines(
-            tables, pmax=pmax, upper_s=best[1].iteration_time_s, seed_plans=(best[0],),
-            deadline=time.monotonic() + float(opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()))
+
+    def take_fluid(out: FluidOutcome) -> None:
+        """Record the fluid bounds and try the plans rounded from its masters (the primal side)."""
+        nonlocal best
+        fluid.update(out.bounds)
         params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
-        rounded = [pl for P, fr in runs.items() for pl in round_master(tables, fr.solution, pipelines=P)]
-        for plan in rounded:  # the primal side: plans rounded from the fluid masters
-            ev = evaluate(plan, profile)
-            if ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
-                best = (plan, ev)
+        for P, solution in out.solutions.items():
+            for plan in round_master(tables, solution, pipelines=P):
+                ev = evaluate(plan, profile)
+                if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
+                    best = (plan, ev)
+
+    parallel = opts.get("fluid_parallel")
+    parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
+    params["fluid_parallel"] = parallel
+    solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
+    job: FluidJob | None = None
+    if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
+        if parallel:  # on a second core, for the whole time limit, while the exact models run here
+            solve_deadline = deadline - FLUID_COLLECT_S
+            job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline)
+        else:
+            take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
+                opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic())))
     if opts.get("shape_bound", True):  # order-free shape enumeration: a bound valid for every P
-        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, deadline - time.monotonic()))
+        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, solve_deadline - time.monotonic()))
         if sb is not None:
             rate = max(rate, sb)
         params["shape_bound_s"] = sb
@@ -168,13 +187,13 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     seen: dict[int, set[tuple[int, ...]]] = {}
     while True:  # passes over the unproven pipeline counts until all are proven or time is up
         todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
-        if not todo or deadline - time.monotonic() <= 0.05:
+        if not todo or solve_deadline - time.monotonic() <= 0.05:
             break
         if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
             break  # the a-priori bound already proves the incumbent optimal
         progress_made = False
         for idx, P in enumerate(todo):
-            remaining = deadline - time.monotonic()
+            remaining = solve_deadline - time.monotonic()
             if remaining <= 0.05:
                 break
             p_deadline = time.monotonic() + remaining / (len(todo) - idx)
@@ -241,8 +260,17 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 break
             progress_made = progress_made or proven[P]
             logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
-        if not progress_made and deadline - time.monotonic() <= 0.05:
+        if not progress_made and solve_deadline - time.monotonic() <= 0.05:
             break
+    if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
+        job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
+    elif job is not None:  # the child's bounds join the exact models' ones, P by P
+        take_fluid(job.collect())
+        for P, fb in fluid.items():
+            if P in bounds:
+                bounds[P] = max(bounds[P], fb)
+            if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
+                proven[P] = True
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
     lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,

@@ -220,11 +220,12 @@ def test_sync_lower_bound_below_evaluated_sync() -> None:
 
 @pytest.mark.parametrize("method", ["milp-highs", "cpsat"])
 def test_exact_solvers_with_fluid_bound_stay_exact(method: str) -> None:
-    """With the warm start (so the fluid bound and its HiGHS LPs run first) the exact solvers still
-    prove the brute-force optimum; regression: a HiGHS LP with another thread count broke PuLP's HiGHS."""
+    """With the warm start (so the fluid bound and its HiGHS LPs run first, in this process) the exact
+    solvers still prove the brute-force optimum; regression: a HiGHS LP with another thread count
+    broke PuLP's HiGHS."""
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=100)
     bf = solve(pb, "bruteforce")
-    res = solve(pb, method, time_limit=60)
+    res = solve(pb, method, time_limit=60, options={"fluid_parallel": False})
     assert res.params.get("fluid_bound_s") is not None
     assert res.params["fluid_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
     assert res.status is SolveStatus.OPTIMAL, res.reason
@@ -346,3 +347,39 @@ def test_pipeline_ranges_split_at_the_sync_floor_jump_then_into_single_counts() 
     assert _jump_ranges(rest, 2, 32, upper_s=5.0) == [(2, 8), (9, 16), (17, 32)]
     assert _jump_ranges(rest, 2, 32, upper_s=500.0) == [(2, 32)]
     assert _jump_ranges(rest, 2, 2, upper_s=5.0) == [(2, 2)]
+
+
+def test_the_fluid_search_on_a_second_core_gives_a_valid_bound_and_joins_the_exact_one() -> None:
+    """With ``fluid_parallel`` the search runs in a forked child for the whole time limit; its bounds
+    and rounded plans join the exact model's at the end, and the result stays exact."""
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0, layers=3)
+    bf = solve(pb, "bruteforce")
+    res = solve(pb, "cpsat", time_limit=8, options={"fluid_parallel": True, "max_pipelines": 1})
+    assert res.params["fluid_parallel"] is True
+    # P = 2, 3, ... are left to the fluid bound alone (max_pipelines): its child must have answered
+    assert res.params["fluid_bound_s"] is not None
+    assert res.params["fluid_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
+    assert res.bound_s <= bf.iteration_time_s * (1 + 1e-9)
+    assert res.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("failure", ["raises", "dies"])
+def test_a_failing_fluid_child_leaves_a_valid_result_and_a_warning(monkeypatch, caplog, failure: str) -> None:
+    """A child that raises or exits without a word: the planner warns and goes on without its bound."""
+    import os
+
+    from hexhelix.solver import fluid_job
+
+    def broken(*_args, **_kwargs):
+        if failure == "dies":
+            os._exit(3)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(fluid_job, "run_fluid", broken)
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0, layers=3)
+    with caplog.at_level("WARNING", logger="hexhelix.solver.fluid_job"):
+        res = solve(pb, "cpsat", time_limit=3, options={"fluid_parallel": True, "max_pipelines": 1})
+    assert res.plan is not None and res.params["fluid_parallel"] is True
+    assert res.params.get("fluid_bound_s") is None
+    assert "fluid bound search failed" in caplog.text
+    assert ("boom" in caplog.text) == (failure == "raises")

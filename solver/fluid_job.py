@@ -1,0 +1,110 @@
+"""The fluid bound search of the exact planner as a job: in this process, or in a forked child so
+that it runs on a second core while CP-SAT or the MILP works on the first.
+
+The search (:func:`.fluid_branch.fluid_bounds_by_pipelines`) is pure CPU work with its own deadline;
+the planner needs from it the per-P bounds and each P's last master solution (for rounding into
+plans). In a child both come back through a pipe; a child that fails or does not answer in time is
+logged and treated as "no fluid bound" (the planner's other bounds still hold).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+from hexhelix.ir.plan import Plan
+
+from .candidates import CostTables
+from .fluid_branch import fluid_bounds_by_pipelines
+from .shape_pricing import Shape
+
+__all__ = ["FluidJob", "FluidOutcome", "can_fork", "run_fluid", "start_fluid"]
+
+logger = logging.getLogger(__name__)
+
+Solutions = dict[int, tuple[tuple[Shape, float], ...]]
+GRACE_S = 10.0  # how long past its deadline the parent waits for a child before giving up on it
+
+
+@dataclass(frozen=True, slots=True)
+class FluidOutcome:
+    """Per-P lower bounds (seconds) and, per P, the final master solution of the run that covers it."""
+
+    bounds: dict[int, float] = field(default_factory=dict)
+    solutions: Solutions = field(default_factory=dict)
+    error: str = ""
+
+
+def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> FluidOutcome:
+    """The search in this process, until ``deadline`` (time.monotonic seconds)."""
+    bounds, runs = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
+                                             deadline=deadline)
+    return FluidOutcome(bounds=dict(bounds), solutions={P: fr.solution for P, fr in runs.items()})
+
+
+def can_fork() -> bool:
+    """A second core to run on and the fork start method (the child inherits the built tables)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores >= 2 and "fork" in mp.get_all_start_methods()
+
+
+def _child(conn: Connection, tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> None:
+    try:
+        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline))
+    except Exception as err:  # anything the search raises goes back as a message
+        conn.send(FluidOutcome(error=f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+@dataclass
+class FluidJob:
+    """A fluid search running in a forked child; :meth:`collect` waits for its outcome."""
+
+    process: mp.process.BaseProcess
+    conn: Connection
+    deadline: float
+
+    def collect(self) -> FluidOutcome:
+        """The child's outcome; an empty one (with ``error`` set) if it failed or overran its
+        deadline by more than GRACE_S (it is then terminated)."""
+        wait = max(0.0, self.deadline - time.monotonic()) + GRACE_S if math.isfinite(self.deadline) else None
+        try:
+            out = self.conn.recv() if self.conn.poll(wait) else FluidOutcome(
+                error=f"no answer {GRACE_S:g} s after its deadline")
+        except (EOFError, OSError) as err:  # the child died without sending
+            out = FluidOutcome(error=f"child exited without a result ({type(err).__name__})")
+        self.conn.close()
+        self.process.join(timeout=1.0)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=1.0)
+        if out.error:
+            logger.warning("fluid bound search failed: %s; continuing without it", out.error)
+        return out
+
+
+    def cancel(self) -> None:
+        """Stop the child without waiting for it (its bounds are no longer needed)."""
+        self.conn.close()
+        self.process.terminate()
+        self.process.join(timeout=1.0)
+
+
+def start_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> FluidJob:
+    """Fork a child that runs the search until ``deadline`` and sends back its outcome."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline), daemon=True,
+                       name="hexhelix-fluid-bound")
+    proc.start()
+    child.close()
+    return FluidJob(process=proc, conn=parent, deadline=deadline)
