@@ -172,10 +172,23 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     gap_tol = float(opts.get("gap_tol", 1e-6))
     bounds: dict[int, float] = {}
     proven: dict[int, bool] = {}
-    for P, fb in fluid.items():  # a P whose fluid bound reaches the incumbent cannot improve on it
-        bounds[P] = max(rate, fb)
-        if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
-            proven[P] = True
+
+    def settle_fluid() -> None:
+        """Fluid bounds into the per-P bounds; a P whose bound reaches the incumbent cannot improve on it."""
+        for P, fb in fluid.items():
+            bounds[P] = max(bounds.get(P, rate), fb)
+            if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
+                proven[P] = True
+
+    def poll_child() -> None:
+        """Take the child's outcome as soon as it is there (its search may end long before the limit)."""
+        nonlocal job
+        if job is not None and job.ready():
+            take_fluid(job.collect())
+            settle_fluid()
+            job = None
+
+    settle_fluid()
     if p_values:  # the incumbent's P, then the most promising by fluid bound
         head = p_values[0]
         p_values.sort(key=lambda P: (P != head, fluid.get(P, 0.0)))
@@ -193,6 +206,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             break  # the a-priori bound already proves the incumbent optimal
         progress_made = False
         for idx, P in enumerate(todo):
+            poll_child()
+            if proven.get(P, False):
+                continue
             remaining = solve_deadline - time.monotonic()
             if remaining <= 0.05:
                 break
@@ -266,11 +282,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P
         take_fluid(job.collect())
-        for P, fb in fluid.items():
-            if P in bounds:
-                bounds[P] = max(bounds[P], fb)
-            if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
-                proven[P] = True
+        settle_fluid()
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
     lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,

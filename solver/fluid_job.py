@@ -73,6 +73,10 @@ class FluidJob:
     conn: Connection
     deadline: float
 
+    def ready(self) -> bool:
+        """The child has answered (or died): :meth:`collect` will not wait."""
+        return self.conn.poll(0)
+
     def collect(self) -> FluidOutcome:
         """The child's outcome; an empty one (with ``error`` set) if it failed or overran its
         deadline by more than GRACE_S (it is then terminated)."""
