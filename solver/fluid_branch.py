@@ -120,6 +120,33 @@ def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[in
 MAX_VISIT = 2  # nodes a cell may require every pipeline to use (each doubles the pricing DP's states)
 
 
+def _twins(tables: CostTables, a: int, b: int) -> bool:
+    """Nodes a and b are interchangeable: same GPU type, count and own link, and the same link to
+    every other node (so swapping them maps plans to plans of the same iteration time)."""
+    cl = tables.problem.cluster
+    na, nb = cl.nodes[a], cl.nodes[b]
+    if (na.gpu, na.count, cl.node_link(a, a)) != (nb.gpu, nb.count, cl.node_link(b, b)):
+        return False
+    return all(cl.node_link(a, m) == cl.node_link(b, m) for m in range(len(cl.nodes)) if m not in (a, b))
+
+
+def _orbit(tables: CostTables, loc: Locality, node: int) -> list[int]:
+    """``node`` and the nodes interchangeable with it on which the cell has decided nothing (docs
+    §15, orbital branching): "some of them visited" is then "``node`` visited" up to a swap of
+    nodes, so the other child may make all of them quiet."""
+    L = tables.layers
+
+    def free(m: int) -> bool:
+        return m not in loc.visit and not loc.quiet(m, L) and not any(
+            k == m for _, k in (*loc.local, *loc.spread))
+
+    out = [m for m in range(len(tables.problem.cluster.nodes))
+           if m == node or (free(m) and _twins(tables, node, m))]
+    if len(out) > 1 and any(not _twins(tables, a, b) for a in out for b in out if a < b):
+        return [node]  # links that are not uniform inside the group: decide the node alone
+    return out
+
+
 def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int | None:
     """The node most worth a node-level decision (docs §15): one that can host a local layer
     (G_n ≥ P), undecided, and holding master layers at open floors — scored by that mass times
@@ -216,7 +243,10 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             # the whole-batch phase does (measured on hexiscale-het2), so it comes first
             node = _node_to_branch(tables, leaf, penalties[lo])
         if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
-            children = [(lo, hi, loc.with_quiet(node, tables.layers)), (lo, hi, loc.with_visit(node))]
+            quiet = loc
+            for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
+                quiet = quiet.with_quiet(m, tables.layers)
+            children = [(lo, hi, quiet), (lo, hi, loc.with_visit(node))]
         elif not leaf.settled:
             children = [(lo, hi, loc)]  # continue its column generation
         elif lo < hi:

@@ -24,7 +24,7 @@ from hexhelix.solver.fluid_bound import (
     shape_from_stages,
     sync_lower_bound,
 )
-from hexhelix.solver.fluid_branch import _jump_ranges, _split, fluid_bounds_by_pipelines
+from hexhelix.solver.fluid_branch import _jump_ranges, _orbit, _split, fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import pricer_for
 from hexhelix.solver.solve import solve
@@ -58,6 +58,66 @@ def test_fluid_bound_never_exceeds_bruteforce_optimum(seed: int) -> None:
     for plan in plans:  # rounded plans are plans: never better than the optimum
         ev = evaluate(plan)
         assert not ev.feasible or ev.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+
+
+def twin_instance(seed: int) -> PlanProblem:
+    """Two interchangeable 2-GPU "Fast" nodes and a "Slow" node: node decisions branch on orbits."""
+    rng = random.Random(seed)
+    base = make_problem(gpus=(2, rng.randint(1, 2)), mem=(4, 4), gb=rng.randint(3, 5), seq=1024,
+                        layers=rng.randint(2, 3), inter=rng.choice([1.0, 2.0, 5.0]), tflops=(100.0, 40.0))
+    d = base.cluster.to_dict()
+    twin = {**d["nodes"][0], "name": "n0b"}
+    cl = Cluster.from_dict({**d, "nodes": [d["nodes"][0], twin, *d["nodes"][1:]]})
+    return PlanProblem(cluster=cl, model=base.model, training=base.training, schedule=base.schedule)
+
+
+def test_orbits_hold_the_undecided_interchangeable_nodes() -> None:
+    tables = build_tables(twin_instance(0))
+    assert _orbit(tables, Locality(), 0) == [0, 1] and _orbit(tables, Locality(), 1) == [0, 1]
+    assert _orbit(tables, Locality(), 2) == [2]                     # the slow node has no twin
+    assert _orbit(tables, Locality(visit=frozenset({1})), 0) == [0]  # a decided twin is no longer free
+    assert _orbit(tables, Locality().with_spread(0, 1), 0) == [0]
+
+
+def test_swapping_interchangeable_nodes_keeps_every_plans_iteration_time() -> None:
+    """What orbital branching rests on: exchanging the two twin nodes (GPU ids and node indices) maps
+    every plan to a plan of the same evaluated time; the slow node is not a twin of either."""
+    from hexhelix.ir.plan import PipelinePlan, Plan, StagePlan
+    from hexhelix.solver.fluid_branch import _twins
+
+    pb = twin_instance(1)
+    tables = build_tables(pb)
+    assert _twins(tables, 0, 1) and not _twins(tables, 0, 2)
+    gpu_swap = {0: 2, 1: 3, 2: 0, 3: 1}
+    node_swap = {0: 1, 1: 0}
+    checked = 0
+    for plan in itertools.islice(enumerate_plans(pb), 300):
+        swapped = Plan(problem=pb, pipelines=tuple(PipelinePlan(micro_batches=p.micro_batches, stages=tuple(
+            StagePlan(node=node_swap.get(st.node, st.node), gpus=tuple(gpu_swap.get(g, g) for g in st.gpus),
+                      layers=st.layers) for st in p.stages)) for p in plan.pipelines))
+        a, b = evaluate(plan), evaluate(swapped)
+        assert b.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12) and a.feasible == b.feasible
+        checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_orbital_node_branching_keeps_every_pipeline_counts_bound_below_its_best_plan(seed: int) -> None:
+    """With interchangeable nodes the quiet child makes the whole orbit quiet (the visited child
+    stands for any of them up to a swap): the bound per P stays below every enumerated plan."""
+    pb = twin_instance(seed)
+    best: dict[int, float] = {}
+    for plan in enumerate_plans(pb):
+        ev = evaluate(plan)
+        if ev.feasible:
+            P = len(plan.pipelines)
+            best[P] = min(best.get(P, math.inf), ev.iteration_time_s)
+    assert len(best) >= 3
+    tables = build_tables(pb)
+    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
+                                          branch_nodes=60)
+    for P, t in best.items():
+        assert bounds[P] <= t * (1 + 1e-9), (P, bounds[P], t)
 
 
 @pytest.mark.parametrize("seed", range(6))
