@@ -156,7 +156,8 @@ class ShapePricer:
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
         the values (inf when no shape fits) and the argmin shapes (None when infeasible). States:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
-        every shape the stages from there on use: only shapes using all of them are admitted)."""
+        every shape the stages from there on use: only shapes using all of them, within their room,
+        are admitted — :func:`.stage_floors.fits_visits`)."""
         visit = extras.visit if extras is not None else ()
         key = (visit, tuple(extras.visit_cap(n) for n in visit) if extras is not None else ())
         st = self._states.get(key)
