@@ -140,11 +140,9 @@ def _orbit(tables: CostTables, loc: Locality, node: int) -> list[int]:
         return m not in loc.visit and not loc.quiet(m, L) and not any(
             k == m for _, k in (*loc.local, *loc.spread))
 
-    out = [m for m in range(len(tables.problem.cluster.nodes))
-           if m == node or (free(m) and _twins(tables, node, m))]
-    if len(out) > 1 and any(not _twins(tables, a, b) for a in out for b in out if a < b):
-        return [node]  # links that are not uniform inside the group: decide the node alone
-    return out
+    # twins of one node are twins of each other (their links to it and to each other are then equal)
+    return [m for m in range(len(tables.problem.cluster.nodes))
+            if m == node or (free(m) and _twins(tables, node, m))]
 
 
 def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int | None:
