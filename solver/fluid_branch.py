@@ -160,13 +160,16 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     return n if score[n] > 1e-12 else None
 
 
+JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
+
+
 def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
     """Sub-ranges of [lo, hi]: at the largest jump of the global floor R_P when it is worth 1 % of the
     incumbent (a range's run uses its least P's floors, so a range across a jump is weak: e.g. more
     pipelines than GPUs per node forces inter-node sync); else one P each when there are ``few``
     or less; else halves."""
     P, jump = max(((q, rest[q] - rest[q - 1]) for q in range(lo + 1, hi + 1)), key=lambda t: (t[1], -t[0]))
-    if jump >= 0.01 * upper_s:
+    if jump >= JUMP_SHARE * upper_s:
         return [(lo, P - 1), (P, hi)]
     if hi - lo + 1 <= few:
         return [(q, q) for q in range(lo, hi + 1)]
@@ -178,7 +181,7 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
     """[lo, hi] cut before every P where the global floor R_P jumps by 1 % of the incumbent or more —
     the ranges :func:`_split` would reach first, without a run over the whole span (on
     hexiscale-het3 that run took half of the fluid search's time)."""
-    cuts = [q for q in range(lo + 1, hi + 1) if rest[q] - rest[q - 1] >= 0.01 * upper_s]
+    cuts = [q for q in range(lo + 1, hi + 1) if rest[q] - rest[q - 1] >= JUMP_SHARE * upper_s]
     return list(zip((lo, *cuts), (*(q - 1 for q in cuts), hi)))
 
 
