@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from hexhelix.ir.plan import Plan
 
+from . import shape_dp_jit
 from .candidates import CostTables
 from .stage_floors import NO_LOCALITY, Locality, StageExtras, stage_extras, stage_w
 
@@ -54,6 +55,11 @@ class _States:
     last_into: np.ndarray   # (S, C) the state a last stage of option c is
     u_mid_s: np.ndarray     # (C, L, S) middle stage times towards each state's node
     u_first_s: np.ndarray   # (C, L, S)
+    snode: np.ndarray       # (S,) node of each state
+    ns: np.ndarray          # (C, S) the state after placing c before s (−1: not allowed)
+    last_state: np.ndarray  # (C,) the state a last stage of option c is (−1: none)
+    smask: np.ndarray       # (S,) required-node mask of each state
+    fresh_to: np.ndarray    # (C, masks) the state a fresh run of c starts before a suffix of mask m (−1: none)
 
 
 def _build_states(pricer: ShapePricer, visit: tuple[int, ...], vcap: tuple[int, ...] = ()) -> _States:
@@ -105,19 +111,33 @@ def _build_states(pricer: ShapePricer, visit: tuple[int, ...], vcap: tuple[int, 
         gather[i, : len(x)] = x
     other_node = np.array([[b != o.node for b, _, _ in states] for o in opts])
     fresh_sel = np.stack([other_node & ~again & (fresh_mask == m) for m in range(masks)])
+    fresh_to = np.full((C, masks), -1, dtype=np.int64)
+    for c, o in enumerate(opts):
+        for m in range(masks):
+            if not (o.node in once and m & bit[o.node]):
+                fresh_to[c, m] = sidx.get((o.node, o.tp, m | bit.get(o.node, 0)), -1)
     last_into = np.zeros((S, C), dtype=bool)
+    last_state = np.full(C, -1, dtype=np.int64)
     for c, o in enumerate(opts):
         if (o.node, o.tp, bit.get(o.node, 0)) in sidx:
-            last_into[sidx[(o.node, o.tp, bit.get(o.node, 0))], c] = True
+            last_state[c] = sidx[(o.node, o.tp, bit.get(o.node, 0))]
+            last_into[last_state[c], c] = True
     return _States(S=S, masks=masks, first_ok=first_ok, single_ok=single_ok,
                    run_after=run_after, gather=gather, fresh_sel=fresh_sel,
-                   last_into=last_into, u_mid_s=pricer.u_mid[:, :, snode], u_first_s=pricer.u_first[:, :, snode])
+                   last_into=last_into, u_mid_s=pricer.u_mid[:, :, snode], u_first_s=pricer.u_first[:, :, snode],
+                   snode=snode, ns=ns, last_state=last_state, smask=state_mask, fresh_to=fresh_to)
 
 
 class ShapePricer:
     """Shortest paths over (layers covered, state of the next stage) for batches of caps."""
 
-    def __init__(self, tables: CostTables) -> None:
+    def __init__(self, tables: CostTables, engine: str = "auto") -> None:
+        if engine not in ("auto", "numpy", "jit"):
+            raise ValueError(f"engine must be auto, numpy or jit, not {engine!r}")
+        if engine == "jit" and not shape_dp_jit.AVAILABLE:
+            raise ValueError("engine 'jit' needs numba, which is not installed")
+        # the compiled loops where numba is there (:mod:`.shape_dp_jit`), the vectorised numpy DP else
+        self.engine = "jit" if engine == "auto" and shape_dp_jit.AVAILABLE else engine.replace("auto", "numpy")
         self.t = tables
         L = tables.layers
         self.L = L
@@ -149,6 +169,8 @@ class ShapePricer:
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
+        z = np.zeros((1, 1, 1))  # placeholders the compiled DP never reads when it has no extras
+        self._no_extras = StageExtras(mid=z, first=z, last=z, single=z, mid_full=z, first_full=z)
 
     def solve(self, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
               wcaps: np.ndarray | None = None, extras: StageExtras | None = None) -> tuple[np.ndarray, list]:
@@ -165,16 +187,45 @@ class ShapePricer:
             if len(self._states) > 8:  # a few MB each at 56 GPUs: keep the recent required-node sets only
                 self._states.clear()
             st = self._states[key] = _build_states(self, *key)
+        caps = np.asarray(caps, dtype=float)
+        weights = np.asarray(weights, dtype=float)
+        full = np.zeros((self.C, st.S), dtype=bool)
+        if extras is not None:  # runs that leave no room on their node for the other replicas
+            caps_n = np.array(extras.caps)[self.node][:, None]
+            full = (extras.replicas >= 2) & (st.run_after + extras.replicas - 1 > caps_n)  # (C, S)
+        if self.engine == "jit":
+            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full)
+        return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
+
+    def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
+                   wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:
+        """:meth:`solve` by the compiled loops of :mod:`.shape_dp_jit`."""
+        K = len(caps)
+        wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
+        none = self._no_extras
+        ex = extras if extras is not None else none
+        full_fresh = np.zeros(self.C, dtype=bool)
+        if extras is not None:  # a fresh run is the stage alone
+            full_fresh = (extras.replicas >= 2) & (self.tp + extras.replicas - 1 > np.array(extras.caps)[self.node])
+        vals, rows, counts = shape_dp_jit.solve_batch(
+            caps, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
+            self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
+            st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
+            (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
+            ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
+        shapes: list = [self.shape([(int(c), int(ell)) for c, ell in rows[k, : counts[k]]])
+                        if math.isfinite(vals[k]) else None for k in range(K)]
+        return vals, shapes
+
+    def _solve_numpy(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
+                     wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:
+        """:meth:`solve` vectorised over the caps (the oracle of the compiled form)."""
         K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
         inf = math.inf
         if extras is None:
             wk = None
         else:
             wk = np.full((K, 1), inf) if wcaps is None else np.asarray(wcaps, dtype=float)[:, None]  # (K, 1)
-
-        if extras is not None:  # runs that leave no room on their node for the other replicas
-            caps_n = np.array(extras.caps)[self.node][:, None]
-            full = (extras.replicas >= 2) & (st.run_after + extras.replicas - 1 > caps_n)  # (C, S)
 
         def wrun(base: np.ndarray, fulls: np.ndarray, start: int, n_len: int) -> np.ndarray:
             """(K, C, ℓ, S): the stage's w (by the run it starts) fits the cap."""

@@ -14,6 +14,7 @@ import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver import shape_dp_jit
 from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
@@ -26,7 +27,7 @@ from hexhelix.solver.fluid_bound import (
 )
 from hexhelix.solver.fluid_branch import _jump_ranges, _orbit, _split, fluid_bounds_by_pipelines
 from hexhelix.solver.result import SolveStatus
-from hexhelix.solver.shape_pricing import pricer_for
+from hexhelix.solver.shape_pricing import ShapePricer, pricer_for
 from hexhelix.solver.solve import solve
 from hexhelix.solver.stage_floors import Locality, fits_visits, stage_extras, stage_w
 from test_planner_exact import make_problem
@@ -232,6 +233,35 @@ def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them
             if fits:
                 assert all(found[0].gpus[n] > 0 for n in visit)
                 assert fits_visits(found[0].stages, ex, pr.node_list, pr.tp_list)
+
+
+@pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("cluster", ["small-mixed", "mixed-a100-a40-t4", "hexiscale-het1"])
+def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
+    """The compiled DP (solver/shape_dp_jit.py) returns the numpy DP's values, under caps on u and w,
+    weights, node prices, visited nodes and fixed local/spread pairs; both argmins exist together
+    and each argmin's S + weight·π·g is the value it claims."""
+    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.yaml"),
+                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
+                                                                         seq_len=4096, recompute="full"))
+    tables = build_tables(pb)
+    ref, fast = ShapePricer(tables, engine="numpy"), ShapePricer(tables, engine="jit")
+    rng = np.random.default_rng(len(cluster))
+    N = ref.N
+    cells = [Locality(), Locality(visit=frozenset({0})), Locality(visit=frozenset({0, N - 1})),
+             Locality(local=frozenset({(3, 0), (4, 0)}), spread=frozenset({(5, N - 1), (9, 1)}))]
+    for loc, P in itertools.product(cells, (1, 2, 4)):
+        caps = np.geomspace(0.05, 5.0, 10)
+        weights = caps * rng.uniform(0.0, 20.0, len(caps))
+        pi = rng.uniform(0.0, 0.6, N)
+        for wcaps, extras in ((np.geomspace(0.05, 2.0, 10), ref.extras(P, loc)), (None, ref.extras(P, loc)), (None, None)):
+            want, _ = ref.solve(caps, weights, pi, wcaps, extras)
+            got, shapes = fast.solve(caps, weights, pi, wcaps, extras)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            for k, sh in enumerate(shapes):
+                assert (sh is None) == (not math.isfinite(want[k]))
+                if sh is not None:
+                    assert sh.total + weights[k] * float(pi @ np.array(sh.gpus)) == pytest.approx(got[k], rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 5])
