@@ -67,8 +67,6 @@ class _Leaf:
     result: FluidResult = field(compare=False)
     depth: int = field(compare=False, default=0)
     stalled: bool = field(compare=False, default=False)  # more column generation raised nothing
-    w_lo: float = field(compare=False, default=-math.inf)  # the cell's plans have sync + optimizer in
-    w_hi: float = field(compare=False, default=math.inf)   # (w_lo, w_hi] (a W cell, :func:`_w_split`)
 
     @property
     def settled(self) -> bool:
@@ -162,22 +160,6 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     return n if score[n] > 1e-12 else None
 
 
-W_SPLIT_SHARE = 0.005  # a W cell is split where its master's pipelines' W differ by this share of the incumbent
-
-
-def _w_split(leaf: _Leaf, upper_s: float) -> float | None:
-    """Where to split the leaf's range of the plan's sync + optimizer time W (docs §15, W cells):
-    the master lets each pipeline count only its own floor W_s, while the plan pays the largest
-    over its pipelines, so a master mixing columns of low and high W_s is cut between them — one
-    child excludes the high ones, the other charges every column at least the cut. None when the
-    used columns' W differ by less than :data:`W_SPLIT_SHARE` of ``upper_s``."""
-    fl = leaf.result.floors
-    ws = sorted({fl[i] for i, (_, x) in enumerate(leaf.result.solution) if x > 1e-6 and math.isfinite(fl[i])})
-    if len(ws) < 2 or ws[-1] - ws[0] < W_SPLIT_SHARE * upper_s:
-        return None
-    return 0.5 * (ws[0] + ws[-1])
-
-
 JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
 
 
@@ -261,52 +243,45 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             # once the fractional master has converged, a node decision raises the bound more than
             # the whole-batch phase does (measured on hexiscale-het2), so it comes first
             node = _node_to_branch(tables, leaf, penalties[lo])
-        w_lo, w_hi = leaf.w_lo, leaf.w_hi
-        cut = _w_split(leaf, upper_s) if lo == hi and leaf.settled and node is None else None
         if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
             quiet = loc
             for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
                 quiet = quiet.with_quiet(m, tables.layers)
-            children = [(lo, hi, quiet, w_lo, w_hi), (lo, hi, loc.with_visit(node), w_lo, w_hi)]
+            children = [(lo, hi, quiet), (lo, hi, loc.with_visit(node))]
         elif not leaf.settled:
-            children = [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
+            children = [(lo, hi, loc)]  # continue its column generation
         elif lo < hi:
-            children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper_s)]
-        elif cut is not None:  # the plan's W is at most the cut | above it
-            children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
+            children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s)]
         else:
             pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
             if pair is not None:
-                children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
+                children = [(lo, hi, loc.with_local(*pair)), (lo, hi, loc.with_spread(*pair))]
             else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)
                 continue
         leaves.remove(leaf)
         share = max(min_slice, (deadline - time.monotonic()) / max(8, 2 * len(children), len(heap) + 1))
-        for c_lo, c_hi, c_loc, c_wlo, c_whi in children:
+        for c_lo, c_hi, c_loc in children:
             again = len(children) == 1  # more of the same run: it resumes in the phase it reached
             whole = again and leaf.result.whole  # whole-batch certificates are slower: a longer slice
-            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=max(rest[c_lo], c_wlo), upper_s=upper_s,
+            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=rest[c_lo], upper_s=upper_s,
                                    seed_plans=seed_plans,
                                    deadline=min(deadline, time.monotonic() + (max(share, 4 * min_slice) if whole
                                                                              else share)),
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.bound if again else 0.0,
-                                   integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
-                                   w_cap=c_whi)
+                                   integral=c_lo == c_hi)  # whole batches pay off for one P, not a range
             stats.nodes += 1
             last = fr.shapes
-            if not c_loc.local and not c_loc.spread and not c_loc.visit and c_whi == math.inf:
+            if not c_loc.local and not c_loc.spread and not c_loc.visit:
                 runs[c_hi] = fr
             tie += 1
             add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
                       leaf.depth + (not again),
-                      stalled=again and fr.lb_s <= leaf.bound * (1 + rel_tol), w_lo=c_wlo, w_hi=c_whi))
-        kind = ("more columns" if len(children) == 1 else "node" if node is not None else "range" if lo < hi
-                else "W" if cut is not None else "pair")
-        logger.info("P=%d..%d depth %d (%s): child bounds %s s", lo, hi, leaf.depth, kind,
-                    ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
+                      stalled=again and fr.lb_s <= leaf.bound * (1 + rel_tol)))
+        logger.info("P=%d..%d depth %d (%s): leaf bound %.6g s", lo, hi, leaf.depth,
+                    "more columns" if len(children) == 1 else "split", leaves[-1].bound)
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
     for P in bounds:  # every P lies in some leaf; its bound is the least over them

@@ -3,10 +3,11 @@
 :meth:`.shape_pricing.ShapePricer.solve` runs the backward shortest path over (layers covered, state
 of the next stage) either vectorised in numpy over a batch of caps or here, as plain loops compiled
 by numba. The loops stop a stage's length as soon as its time passes the cap (stage time grows with
-the layer count), which the vectorised form cannot; at 20–56 GPUs a cap costs ~0.3 ms here against
-4–30 ms in numpy (``python benchmarks/pricing.py``). Both forms are tested to return the same
+the layer count), which the vectorised form cannot, and a fresh run reads the best suffix per node
+instead of every state; at 8–64 GPUs a cap costs 0.02–1.3 ms here against 0.8–48 ms in numpy
+(15–56×, ``python benchmarks/pricing.py``). Both forms are tested to return the same
 values (tests/test_fluid_bound.py), the numpy one being the oracle; :data:`AVAILABLE` says whether
-numba imported.
+numba is installed.
 
 State arrays (built by :func:`.shape_pricing._build_states`): ``snode[s]`` the node of state s;
 ``ns[c, s]`` the state after placing option c before s (−1: not allowed); ``first_ok[c, s]`` c may
