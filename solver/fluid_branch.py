@@ -187,7 +187,7 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
 
 def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
                       deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
-                      gap_tol: float = 1e-6, max_nodes: int = 400, min_slice: float = 2.0,
+                      gap_tol: float = 1e-6, max_nodes: int = 400, min_slice: float = 0.5,
                       ) -> tuple[BranchStats, dict[int, FluidResult]]:
     """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
     pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
