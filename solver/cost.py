@@ -5,7 +5,9 @@ compiler call these functions and never re-derive them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hexhelix.ir.catalog import GpuType
 from hexhelix.ir.cluster import Cluster
@@ -156,12 +158,43 @@ def _sum_ops(ops: tuple[Op, ...], gpu: GpuType, link: Link, profile: Profile) ->
     return comp, comm
 
 
+class _Memo:
+    """Results of a pure cost function by its hashable arguments and the identity of its profile
+    (profiles hold dicts, so they are not hashable; the entry keeps the profile alive, so its id
+    cannot be reused while cached). Bounded: cleared when full."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.hits: dict[tuple, tuple[Profile, object]] = {}
+
+    def get(self, key: tuple, profile: Profile, compute: Callable[[], object]) -> Any:
+        hit = self.hits.get((*key, id(profile)))
+        if hit is not None and hit[0] is profile:
+            return hit[1]
+        if len(self.hits) >= self.size:
+            self.hits.clear()
+        value = compute()
+        self.hits[(*key, id(profile))] = (profile, value)
+        return value
+
+
+_LAYER_COSTS, _HEAD_COSTS = _Memo(), _Memo()  # the evaluator asks for the same few (GPU, TP) pairs again and again
+
+
 def layer_cost(model: ModelConfig, train: TrainingConfig, tp: int, gpu: GpuType, intra: Link,
                profile: Profile = DEFAULT_PROFILE, graph: LayerGraph | None = None) -> LayerCost:
     """Cost of one layer for one micro-batch, ops executed one after another (no overlap).
 
     Recompute: ``full`` re-runs the whole forward inside the backward, ``selective`` re-runs the
     attention core (Korthikanti et al. 2022)."""
+    if graph is None:
+        return _LAYER_COSTS.get((model, train, tp, gpu, intra), profile,
+                                lambda: _layer_cost(model, train, tp, gpu, intra, profile, None))
+    return _layer_cost(model, train, tp, gpu, intra, profile, graph)
+
+
+def _layer_cost(model: ModelConfig, train: TrainingConfig, tp: int, gpu: GpuType, intra: Link,
+                profile: Profile, graph: LayerGraph | None) -> LayerCost:
     g = graph or build_layer_graph(model, train, tp, link=Resource.INTRA)
     fc, fm = _sum_ops(g.forward, gpu, intra, profile)
     bc, bm = _sum_ops(g.backward, gpu, intra, profile)
@@ -175,8 +208,11 @@ def layer_cost(model: ModelConfig, train: TrainingConfig, tp: int, gpu: GpuType,
 def head_cost(model: ModelConfig, train: TrainingConfig, tp: int, gpu: GpuType,
               profile: Profile = DEFAULT_PROFILE) -> dict[str, float]:
     """Seconds of the embedding (first stage) and norm/head/loss (last stage), fwd and bwd."""
-    ops = build_head_ops(model, train, tp)
-    return {k: sum(op_time(o, gpu, None, profile) for o in v) for k, v in ops.items()}
+    def compute() -> dict[str, float]:
+        ops = build_head_ops(model, train, tp)
+        return {k: sum(op_time(o, gpu, None, profile) for o in v) for k, v in ops.items()}
+
+    return dict(_HEAD_COSTS.get((model, train, tp, gpu), profile, compute))
 
 
 def optimizer_time(params: float, gpu: GpuType, train: TrainingConfig,

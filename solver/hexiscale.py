@@ -100,6 +100,7 @@ class _PipelineSolver:
         self.n_mb = problem.training.num_micro_batches
         self._memo: dict[tuple, tuple[tuple[int, ...], list[int]] | None] = {}
         self._orders: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self._layouts: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # assign_layers by its inputs
         self.n_orders = n_orders
         self.devs = problem.cluster.devices()
 
@@ -113,9 +114,12 @@ class _PipelineSolver:
         pt = self.table.probes(stages, m)
         pm = pt if self._mem_mb(m) == m else self.table.probes(stages, self._mem_mb(m))
         mem = [p.max_layers() for p in pm]
-        return assign_layers([p.time1 for p in pt], [p.time0 for p in pt],
-                             mem if caps is None else [min(a, b) for a, b in zip(mem, caps)],
-                             self.problem.model.layers, m, min_stage_layers(self.problem))
+        key = (tuple(p.time1 for p in pt), tuple(p.time0 for p in pt),
+               tuple(mem if caps is None else [min(a, b) for a, b in zip(mem, caps)]), m)
+        if key not in self._layouts:  # the search meets the same stage costs again and again (~3 in 4 on het3)
+            self._layouts[key] = assign_layers(key[0], key[1], key[2], self.problem.model.layers, m,
+                                               min_stage_layers(self.problem))
+        return self._layouts[key]
 
     def _orders_of(self, nodes: tuple[int, ...]) -> list[tuple[int, ...]]:
         """Candidate visiting orders of the machine blocks: the ``n_orders`` best top-τ paths by
