@@ -43,7 +43,9 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
 
     A stage of option c before a suffix on another node starts a fresh run whose state depends only
     on c and the suffix's mask, and its time only on the suffix's node: those transitions read the
-    best suffix per (node, mask) — N·masks candidates instead of every state."""
+    best suffix per (node, mask) — N·masks candidates instead of every state. The four scans over a
+    stage's length (extend a run | start one, in the middle | first) are written out, not shared
+    through a helper: a compiled helper, inlined or not, measured 1.5× slower per cap."""
     K = caps.shape[0]
     C, L = u_last.shape
     S = snode.shape[0]
