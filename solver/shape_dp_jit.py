@@ -4,16 +4,18 @@
 of the next stage) either vectorised in numpy over a batch of caps or here, as plain loops compiled
 by numba. The loops stop a stage's length as soon as its time passes the cap (stage time grows with
 the layer count), which the vectorised form cannot, and a fresh run reads the best suffix per node
-instead of every state; at 8–64 GPUs a cap costs 0.02–1.3 ms here against 0.8–48 ms in numpy
-(15–56×, ``python benchmarks/pricing.py``). Both forms are tested to return the same
+instead of every state; at 8–64 GPUs a cap costs 0.02–1.2 ms here against 0.8–45 ms in numpy
+(15–60×, ``python benchmarks/pricing.py``). Both forms are tested to return the same
 values (tests/test_fluid_bound.py), the numpy one being the oracle; :data:`AVAILABLE` says whether
 numba is installed.
 
-State arrays (built by :func:`.shape_pricing._build_states`): ``snode[s]`` the node of state s;
-``ns[c, s]`` the state after placing option c before s (−1: not allowed); ``first_ok[c, s]`` c may
-be the first stage before s; ``last_state[c]`` the state a last stage of c is (−1: none);
-``single_ok[c]``; ``full[c, s]`` the run c starts before s leaves no room on its node for the other
-replicas (the ``*_full`` floor tables apply).
+State arrays (built by :func:`.shape_pricing._build_states`): ``snode[s]``, ``smask[s]`` the node
+and the required-node mask of state s (a first stage must complete the mask to ``full_mask``);
+``ns[c, s]`` the state after placing option c before s (−1: not allowed); ``fresh_to[c, m]`` the
+state a fresh run of c starts before a suffix on another node with mask m; ``last_state[c]`` the
+state a last stage of c is (−1: none); ``single_ok[c]``; ``full[c, s]`` (``full_fresh[c]`` for a
+fresh run) the run c starts leaves no room on its node for the other replicas (the ``*_full``
+floor tables apply); ``onode[c]`` the node of option c.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class ShapePricer:
         if engine == "jit" and not shape_dp_jit.AVAILABLE:
             raise ValueError("engine 'jit' needs numba, which is not installed")
         # the compiled loops where numba is there (:mod:`.shape_dp_jit`), the vectorised numpy DP else
-        self.engine = "jit" if engine == "auto" and shape_dp_jit.AVAILABLE else engine.replace("auto", "numpy")
+        self.engine = engine if engine != "auto" else "jit" if shape_dp_jit.AVAILABLE else "numpy"
         self.t = tables
         L = tables.layers
         self.L = L
