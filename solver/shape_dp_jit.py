@@ -199,5 +199,8 @@ def solve_batch(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if _compiled is None:
         import numba
 
-        _compiled = numba.njit(cache=True, nogil=True)(_dp_batch)
+        try:
+            _compiled = numba.njit(cache=True, nogil=True)(_dp_batch)
+        except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
+            _compiled = numba.njit(nogil=True)(_dp_batch)
     return _compiled(*args)
