@@ -187,7 +187,7 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
 
 def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
                       deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
-                      gap_tol: float = 1e-6, max_nodes: int = 400, min_slice: float = 0.5,
+                      gap_tol: float = 1e-6, max_nodes: int = 5000, min_slice: float = 0.5,
                       ) -> tuple[BranchStats, dict[int, FluidResult]]:
     """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
     pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
@@ -292,7 +292,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
 
 def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
                               seed_plans: tuple[Plan, ...] = (), deadline: float | None = None,
-                              rel_tol: float = 5e-4, branch_nodes: int = 400,
+                              rel_tol: float = 5e-4, branch_nodes: int = 5000,
                               ) -> tuple[dict[int, float], dict[int, FluidResult]]:
     """Per pipeline count P = 1 … pmax: a lower bound on the iteration time of every plan with P
     pipelines, each at most ``upper_s`` (any plan time: bounds are only claimed below it).

@@ -95,6 +95,7 @@ class StageExtras:
     replicas: int = 1
     caps: tuple[int, ...] = ()
     visit: tuple[int, ...] = ()  # nodes every shape must use (sorted)
+    opt: np.ndarray | None = None  # (4, C, L): the optimizer part o of w by position (mid, first, last, single), ℓ − 1
 
     def visit_cap(self, node: int) -> int:
         """GPUs of a visited node one pipeline may use: all P pipelines use one, so ≤ G_n − P + 1."""
@@ -180,6 +181,11 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
             out[pos][o.index] = np.where(ok, w, math.inf)
 
     every = {"mid": (False, False), "first": (True, False), "last": (False, True), "single": (True, True)}
+    opt_parts = np.zeros((4, len(tables.options), L))
+    for o in tables.options:
+        for i, (first, last) in enumerate(every.values()):
+            opt_parts[i, o.index] = np.maximum(0.0, tables.opt_layer[o.index] * np.arange(1, L + 1)
+                                               + first * tables.opt_first[o.index] + last * tables.opt_last[o.index])
     for o in tables.options:
         n = o.node
         full_cls = np.where(cls[n] == OPEN, SPREAD, cls[n])        # no room for the other replicas on n
@@ -190,19 +196,21 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
         else:
             rows(o, cls[n], banned[n], every)
             rows(o, full_cls, full_ban, {"mid_full": (False, False), "first_full": (True, False)})
-    return StageExtras(**out, replicas=replicas, caps=caps, visit=tuple(sorted(locality.visit)))
+    return StageExtras(**out, replicas=replicas, caps=caps, visit=tuple(sorted(locality.visit)), opt=opt_parts)
 
 
 def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
             tps: Sequence[int]) -> float:
     """W = max over the stages of w (by position: single, first, middle, last; ``*_full`` where the
-    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option."""
+    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option — and at
+    least max σ + max o over the stages: the plan pays its largest sync and its largest optimizer
+    step, which need not be on one stage (mixed-a100-a40-t4: sync on an A40, AdamW on a T4)."""
     K = len(stages)
     if K == 1:
         c, ell = stages[0]
         return float(extras.single[c, 0, ell - 1])
     starts = np.cumsum([0] + [ell for _, ell in stages])
-    vals, run = [], 0
+    vals, opts, run = [], [], 0
     for k in range(K - 1, -1, -1):  # backwards: the run of each stage is it and what follows on its node
         c, ell = stages[k]
         node, tp = nodes[c], tps[c]
@@ -214,7 +222,13 @@ def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Seq
             table = (extras.first_full if full else extras.first) if k == 0 else \
                 (extras.mid_full if full else extras.mid)
         vals.append(table[c, starts[k], ell - 1])
-    return float(max(vals))
+        if extras.opt is not None:
+            opts.append(extras.opt[2 if k == K - 1 else 1 if k == 0 else 0, c, ell - 1] * (1 - 1e-9))
+    w = float(max(vals))
+    if not opts or not math.isfinite(w):
+        return w
+    # w_k = (o_k + σ_k)(1 − 1e-9): the sync parts and the optimizer parts, each at its own maximum
+    return max(w, max(v - o for v, o in zip(vals, opts)) + max(opts))
 
 
 def fits_visits(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],

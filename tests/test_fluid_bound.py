@@ -4,6 +4,7 @@ no column of positive reduced cost (checked against an enumeration of every shap
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -353,6 +354,27 @@ def test_every_stage_floor_is_below_the_evaluated_sync_plus_optimizer(seed: int)
         s = shape_from_stages(tables, [(next(o.index for o in tables.options if (o.node, o.tp) == (st.node, st.tp)),
                                         st.num_layers) for st in bf.plan.pipelines[p].stages])
         assert pr.stage_w(s.stages, pr.extras(P)) <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12)
+
+
+def test_a_shapes_floor_charges_its_largest_sync_and_its_largest_optimizer_step_apart() -> None:
+    """The plan pays max sync + max optimizer over its GPUs, which can sit on different stages: on
+    mixed-a100-a40-t4's hexiscale plan the floor of a pipeline is above the best single stage's
+    σ + o (by the T4 stage's AdamW step against the A40 stage's) and still below sync + opt."""
+    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "mixed-a100-a40-t4.yaml"),
+                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
+                                                                         seq_len=4096, recompute="full"))
+    res = solve(pb, "hexiscale")
+    tables = build_tables(pb)
+    pr = pricer_for(tables)
+    P = len(res.plan.pipelines)
+    ex = pr.extras(P)
+    s = shape_from_stages(tables, [(next(o.index for o in tables.options if (o.node, o.tp) == (st.node, st.tp)),
+                                    st.num_layers) for st in res.plan.pipelines[0].stages])
+    w = pr.stage_w(s.stages, ex)
+    ev = res.evaluation
+    assert w <= (ev.grad_sync_s + ev.optimizer_s) * (1 + 1e-12)
+    joint = pr.stage_w(s.stages, dataclasses.replace(ex, opt=None))  # max over stages of σ_k + o_k only
+    assert w > joint * (1 + 0.02)
 
 
 def plan_locality(plan) -> Locality:
