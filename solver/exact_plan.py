@@ -45,6 +45,9 @@ DEFAULT_TIME_LIMIT = 60.0
 TICKS_AT_RATE_BOUND = 1e9   # integer time scale: the total-work bound maps to 1e9 ticks
 FLUID_PARALLEL_MIN_S = 20.0  # from this time limit on, the fluid search runs in a child on a second core
 FLUID_COLLECT_S = 1.0        # kept at the end to receive the child's bounds and round its masters
+FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd and even pipeline counts)
+EXACT_SHARE_SPLIT = 0.15     # ... after the exact models had this share of the time (at 16-32 GPUs they
+                             # proved no more than the shape bound and found no better plan in 120 s)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None"], BackendOutcome]
 
 
@@ -137,7 +140,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     def take_fluid(out: FluidOutcome) -> None:
         """Record the fluid bounds and try the plans rounded from its masters (the primal side)."""
         nonlocal best
-        fluid.update(out.bounds)
+        for P, b in out.bounds.items():  # two searches (odd and even P) each bound every P: keep the larger
+            fluid[P] = max(fluid.get(P, 0.0), b)
         params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
         for P, solution in out.solutions.items():
             for plan in round_master(tables, solution, pipelines=P):
@@ -147,18 +151,28 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
 
     parallel = opts.get("fluid_parallel")
     parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
-    params["fluid_parallel"] = parallel
+    split = parallel and bool(opts.get("fluid_split", problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
+    params["fluid_parallel"], params["fluid_split"] = parallel, split
     solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
     job: FluidJob | None = None
+    mine: frozenset[int] = frozenset()  # pipeline counts whose fluid search runs here after the models
     if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
         if parallel:  # on a second core, for the whole time limit, while the exact models run here
             solve_deadline = deadline - FLUID_COLLECT_S
-            job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline)
+            if split:  # odd counts here once the models had their share, even ones in the child
+                mine = frozenset(range(1, pmax + 1, 2))
+                job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
+                                  only=frozenset(range(2, pmax + 1, 2)))
+            else:
+                job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline)
         else:
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
                 opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic())))
-    if opts.get("shape_bound", True):  # order-free shape enumeration: a bound valid for every P
-        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, solve_deadline - time.monotonic()))
+    split = split and job is not None
+    models_deadline = time.monotonic() + float(opts.get("exact_share", EXACT_SHARE_SPLIT)) * max(
+        0.0, solve_deadline - time.monotonic()) if split else solve_deadline
+    if opts.get("shape_bound", not split):  # order-free shape enumeration: a bound valid for every P
+        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, models_deadline - time.monotonic()))
         if sb is not None:
             rate = max(rate, sb)
         params["shape_bound_s"] = sb
@@ -200,7 +214,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     seen: dict[int, set[tuple[int, ...]]] = {}
     while True:  # passes over the unproven pipeline counts until all are proven or time is up
         todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
-        if not todo or solve_deadline - time.monotonic() <= 0.05:
+        if not todo or models_deadline - time.monotonic() <= 0.05:
             break
         if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
             break  # the a-priori bound already proves the incumbent optimal
@@ -209,7 +223,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             poll_child()
             if proven.get(P, False):
                 continue
-            remaining = solve_deadline - time.monotonic()
+            remaining = models_deadline - time.monotonic()
             if remaining <= 0.05:
                 break
             p_deadline = time.monotonic() + remaining / (len(todo) - idx)
@@ -276,8 +290,11 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 break
             progress_made = progress_made or proven[P]
             logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
-        if not progress_made and solve_deadline - time.monotonic() <= 0.05:
+        if not progress_made and models_deadline - time.monotonic() <= 0.05:
             break
+    if mine and best is not None and not all(proven.get(P, False) for P in mine):
+        take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
+        settle_fluid()
     if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P

@@ -188,7 +188,7 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
 def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
                       deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
                       gap_tol: float = 1e-6, max_nodes: int = 5000, min_slice: float = 0.5,
-                      ) -> tuple[BranchStats, dict[int, FluidResult]]:
+                      only: frozenset[int] | None = None) -> tuple[BranchStats, dict[int, FluidResult]]:
     """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
     pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
     generation while it has not converged; split into sub-ranges (each one's run uses the
@@ -197,7 +197,9 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     converged, else on the (layer, node) pair its master holds fractionally; otherwise final
     (:func:`_split` says how ranges split). Each step gets a slice
     of the time left (at least ``min_slice``), so the least leaf is re-chosen as bounds rise.
-    ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent. Also returns, per
+    ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent. With ``only``, the
+    search covers those pipeline counts alone (leaves holding none of them are not made) and leaves
+    the other bounds as they are: two searches on two cores share the counts. Also returns, per
     greatest P of a leaf without locality decisions, its latest run (for rounding into plans)."""
     stats = BranchStats()
     pmax = max(bounds)
@@ -211,6 +213,9 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     def floor_of(lo: int, hi: int) -> float:
         return min(bounds[q] for q in range(lo, hi + 1))
 
+    def mine(lo: int, hi: int) -> bool:
+        return only is None or any(lo <= q <= hi for q in only)
+
     def add(leaf: _Leaf) -> None:
         leaves.append(leaf)
         if leaf.bound < upper_s * (1 - gap_tol):
@@ -220,8 +225,9 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
 
     none = FluidResult(lb_s=0.0, upper_s=math.inf, iterations=0, columns=0, converged=False)
     for lo, hi in ((1, 1), *_jump_ranges(rest, 2, pmax, upper_s)) if pmax >= 2 else ((1, 1),):
-        tie += 1
-        add(_Leaf(floor_of(lo, hi), tie, lo, hi, Locality(), none))
+        if mine(lo, hi):
+            tie += 1
+            add(_Leaf(floor_of(lo, hi), tie, lo, hi, Locality(), none))
     finals = math.inf  # least bound of a leaf with nothing left to split or branch on
     while heap:
         if time.monotonic() >= deadline or stats.nodes >= max_nodes:
@@ -251,7 +257,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
         elif not leaf.settled:
             children = [(lo, hi, loc)]  # continue its column generation
         elif lo < hi:
-            children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s)]
+            children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
         else:
             pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
             if pair is not None:
@@ -279,12 +285,13 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             tie += 1
             add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
                       leaf.depth + (not again),
-                      stalled=again and fr.lb_s <= leaf.bound * (1 + rel_tol)))
+                      # a run cut off before its first iteration (e.g. the DP compiling) proves nothing
+                      stalled=again and fr.iterations > 0 and fr.lb_s <= leaf.bound * (1 + rel_tol)))
         logger.info("P=%d..%d depth %d (%s): leaf bound %.6g s", lo, hi, leaf.depth,
                     "more columns" if len(children) == 1 else "split", leaves[-1].bound)
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
-    for P in bounds:  # every P lies in some leaf; its bound is the least over them
+    for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf
         bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper_s))
         bounds[P] = min(bounds[P], upper_s)
     return stats, runs
@@ -293,6 +300,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
 def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
                               seed_plans: tuple[Plan, ...] = (), deadline: float | None = None,
                               rel_tol: float = 5e-4, branch_nodes: int = 5000,
+                              only: frozenset[int] | None = None,
                               ) -> tuple[dict[int, float], dict[int, FluidResult]]:
     """Per pipeline count P = 1 … pmax: a lower bound on the iteration time of every plan with P
     pipelines, each at most ``upper_s`` (any plan time: bounds are only claimed below it).
@@ -302,14 +310,15 @@ def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
     and floors for P_lo replicas covers every P in [P_lo, P_hi]: :func:`best_first_bounds` starts
     from P = 1 and the ranges of 2 … pmax between jumps of R_P (:func:`_jump_ranges`) and splits
     ranges, then locality cells, where the bound is
-    least (at most ``branch_nodes`` fluid runs). Also returns, per P, the latest run of a leaf whose
-    greatest pipeline count is P (``exact_plan.round_master`` turns its master into plans)."""
+    least (at most ``branch_nodes`` fluid runs); ``only``: search those P alone, the others keep R_P.
+    Also returns, per P, the latest run of a leaf whose greatest pipeline count is P
+    (``exact_plan.round_master`` turns its master into plans)."""
     rest = {P: sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P) for P in range(1, pmax + 1)}
     out = {P: min(upper_s, rest[P]) for P in rest}
     if pmax < 1:
         return out, {}
     stats, runs = best_first_bounds(tables, out, upper_s=upper_s, rest=rest, seed_plans=seed_plans,
                                     deadline=math.inf if deadline is None else deadline, rel_tol=rel_tol,
-                                    max_nodes=branch_nodes)
+                                    max_nodes=branch_nodes, only=only)
     logger.info("fluid bounds: %s", stats)
     return out, runs

@@ -40,10 +40,12 @@ class FluidOutcome:
     error: str = ""
 
 
-def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> FluidOutcome:
-    """The search in this process, until ``deadline`` (time.monotonic seconds)."""
+def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
+              only: frozenset[int] | None = None) -> FluidOutcome:
+    """The search in this process, until ``deadline`` (time.monotonic seconds); over the pipeline
+    counts ``only`` when given (the others keep their global floors)."""
     bounds, runs = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
-                                             deadline=deadline)
+                                             deadline=deadline, only=only)
     return FluidOutcome(bounds=dict(bounds), solutions={P: fr.solution for P, fr in runs.items()})
 
 
@@ -56,9 +58,10 @@ def can_fork() -> bool:
     return cores >= 2 and "fork" in mp.get_all_start_methods()
 
 
-def _child(conn: Connection, tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> None:
+def _child(conn: Connection, tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
+           only: frozenset[int] | None) -> None:
     try:
-        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline))
+        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline, only))
     except Exception as err:  # anything the search raises goes back as a message
         conn.send(FluidOutcome(error=f"{type(err).__name__}: {err}"))
     finally:
@@ -103,11 +106,13 @@ class FluidJob:
         self.process.join(timeout=1.0)
 
 
-def start_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float) -> FluidJob:
-    """Fork a child that runs the search until ``deadline`` and sends back its outcome."""
+def start_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
+                only: frozenset[int] | None = None) -> FluidJob:
+    """Fork a child that runs the search (over ``only``, when given) until ``deadline`` and sends
+    back its outcome."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline), daemon=True,
+    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline, only), daemon=True,
                        name="hexhelix-fluid-bound")
     proc.start()
     child.close()

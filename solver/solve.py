@@ -43,7 +43,7 @@ HEURISTIC_METHODS = ("hexiscale", "hexiscale-released", "megatron")
 METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
-                  "fluid_bound", "fluid_share", "fluid_parallel"}
+                  "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share"}
 
 
 def _resolve(method: str) -> Callable[..., SolveResult]:

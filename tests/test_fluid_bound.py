@@ -15,7 +15,7 @@ import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
-from hexhelix.solver import shape_dp_jit
+from hexhelix.solver import fluid_branch, shape_dp_jit
 from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
@@ -23,6 +23,7 @@ from hexhelix.solver.exact_plan import max_pipelines, round_master
 from hexhelix.solver.fluid_bound import (
     certificate,
     fluid_lower_bound,
+    optimizer_lower_bound,
     shape_from_stages,
     sync_lower_bound,
 )
@@ -467,6 +468,73 @@ def test_the_fluid_search_on_a_second_core_gives_a_valid_bound_and_joins_the_exa
     assert res.params["fluid_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
     assert res.bound_s <= bf.iteration_time_s * (1 + 1e-9)
     assert res.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_search_over_some_pipeline_counts_bounds_those_and_leaves_the_others_at_their_floor(seed: int) -> None:
+    """``only`` (two searches on two cores share the counts): its counts get bounds that stay below
+    their best enumerated plans, the other counts keep the global floor R_P, and ``only`` = every
+    count is the plain search, leaf for leaf."""
+    rng = random.Random(seed)
+    pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(4, 6), seq=1024,
+                      layers=rng.randint(2, 3), inter=rng.choice([1.0, 2.0, 5.0]), tflops=(100.0, 40.0))
+    best: dict[int, float] = {}
+    for plan in enumerate_plans(pb):
+        ev = evaluate(plan)
+        if ev.feasible:
+            best[len(plan.pipelines)] = min(best.get(len(plan.pipelines), math.inf), ev.iteration_time_s)
+    tables = build_tables(pb)
+    pmax, top = max_pipelines(tables), 2 * max(best.values())
+    assert pmax >= 3
+    odd = frozenset(range(1, pmax + 1, 2))
+    plain, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=top, branch_nodes=40)
+    every, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=top, branch_nodes=40,
+                                         only=frozenset(range(1, pmax + 1)))
+    part, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=top, branch_nodes=40, only=odd)
+    assert every == plain
+    for P in range(1, pmax + 1):
+        floor = min(top, sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P))
+        if P in odd:
+            assert part[P] <= best.get(P, math.inf) * (1 + 1e-9), (P, part[P], best.get(P))
+        else:
+            assert part[P] == floor, (P, part[P], floor)
+
+
+def test_two_fluid_searches_on_two_cores_split_the_pipeline_counts_and_keep_the_result_exact() -> None:
+    """``fluid_split``: odd counts searched here after the exact models' share, even ones in the
+    child; both halves answer (P ≥ 2 is left to them: ``max_pipelines``), and the bound still lies
+    below the brute-force optimum."""
+    pb = make_problem(gpus=(2, 2), mem=(4, 4), gb=6, seq=1024, inter=2.0, layers=3)
+    bf = solve(pb, "bruteforce")
+    res = solve(pb, "cpsat", time_limit=6, options={"fluid_parallel": True, "fluid_split": True,
+                                                   "max_pipelines": 1})
+    assert res.params["fluid_split"] is True
+    assert res.params["fluid_bound_s"] is not None
+    assert res.bound_s <= bf.iteration_time_s * (1 + 1e-9)
+    assert res.iteration_time_s >= bf.iteration_time_s * (1 - 1e-9)
+    assert res.gap is not None and res.gap >= 0
+
+
+def test_a_fluid_run_cut_off_before_its_first_iteration_does_not_settle_its_leaf() -> None:
+    """A leaf whose slice ends before one column-generation iteration (the first DP call compiling,
+    say) proved nothing yet: it gets more time rather than being taken as stalled at its floor."""
+    pb = make_problem(gpus=(2, 2), mem=(4, 4), gb=6, seq=1024, inter=2.0, layers=3)
+    tables = build_tables(pb)
+    h = solve(pb, "hexiscale")
+    real = fluid_branch.fluid_lower_bound
+    calls = []
+
+    def first_cut_off(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # the P = 1 leaf's first run: no iteration, no bound
+            kwargs["deadline"] = time.monotonic() - 1.0
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fluid_branch, "fluid_lower_bound", first_cut_off)
+        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=h.iteration_time_s,
+                                              seed_plans=(h.plan,), branch_nodes=40)
+    assert bounds[1] == pytest.approx(h.iteration_time_s, rel=1e-6)  # P = 1 searched to the end anyway
 
 
 @pytest.mark.parametrize("failure", ["raises", "dies"])
