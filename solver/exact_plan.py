@@ -103,9 +103,11 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent; with
     ``fluid_parallel`` — default: when the time limit is at least 20 s and a second core and
     ``fork`` are available — it runs instead in a forked child for the whole time limit while the
-    exact models run here, and its bounds and rounded plans join theirs at the end),
-    ``shape_bound`` (default True: the order-free shape enumeration bound of :mod:`.shape_bound`,
-    given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
+    exact models run here, and its bounds and rounded plans join theirs at the end; with
+    ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and
+    this process, after giving the exact models ``exact_share`` = 15 % of the time, the odd ones),
+    ``shape_bound`` (default True unless split: the order-free shape enumeration bound of
+    :mod:`.shape_bound`, given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
     bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
     an LP file, e.g. for a bug report), ``workers``, ``log``.
     """
@@ -212,89 +214,92 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     skipped: set[int] = set()
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
-    while True:  # passes over the unproven pipeline counts until all are proven or time is up
-        todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
-        if not todo or models_deadline - time.monotonic() <= 0.05:
-            break
-        if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
-            break  # the a-priori bound already proves the incumbent optimal
-        progress_made = False
-        for idx, P in enumerate(todo):
-            poll_child()
-            if proven.get(P, False):
-                continue
-            remaining = models_deadline - time.monotonic()
-            if remaining <= 0.05:
+    for phase in range(2 if split else 1):  # split: the models, this process's fluid search, the models again
+        if phase == 1:
+            if best is not None and not all(proven.get(P, False) for P in mine):
+                take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
+                settle_fluid()
+            models_deadline = solve_deadline  # the time the search leaves (it may end early) goes back to the models
+        while True:  # passes over the unproven pipeline counts until all are proven or time is up
+            todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
+            if not todo or models_deadline - time.monotonic() <= 0.05:
                 break
-            p_deadline = time.monotonic() + remaining / (len(todo) - idx)
-            ub = best[1].iteration_time_s if best else None
-            if P not in models:
-                K = max(1, min(L, N - (P - 1) * gmin))
-                size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
-                if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
-                    logger.warning("P=%d: model of ~%d rows skipped (max_model_rows)", P, size)
-                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
-                    skipped.add(P)
+            if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
+                break  # the a-priori bound already proves the incumbent optimal
+            progress_made = False
+            for idx, P in enumerate(todo):
+                poll_child()
+                if proven.get(P, False):
                     continue
-                models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
-                if opts.get("export_model") and not models_exported:  # the first model built, as an LP file
-                    from .milp_plan import to_pulp
+                remaining = models_deadline - time.monotonic()
+                if remaining <= 0.05:
+                    break
+                p_deadline = time.monotonic() + remaining / (len(todo) - idx)
+                ub = best[1].iteration_time_s if best else None
+                if P not in models:
+                    K = max(1, min(L, N - (P - 1) * gmin))
+                    size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
+                    if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
+                        logger.warning("P=%d: model of ~%d rows skipped (max_model_rows)", P, size)
+                        bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
+                        skipped.add(P)
+                        continue
+                    models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
+                    if opts.get("export_model") and not models_exported:  # the first model built, as an LP file
+                        from .milp_plan import to_pulp
 
-                    to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
-                    models_exported = True
-                seen[P] = set()
-                bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
-            elif ub is not None:
-                models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
-            pm = models[P]
-            hint = pm.encode(best[0]) if best else None
-            while True:
-                left = p_deadline - time.monotonic()
-                if left <= 0.05:
+                        to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
+                        models_exported = True
+                    seen[P] = set()
+                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
+                elif ub is not None:
+                    models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
+                pm = models[P]
+                hint = pm.encode(best[0]) if best else None
+                while True:
+                    left = p_deadline - time.monotonic()
+                    if left <= 0.05:
+                        break
+                    out = backend(pm.lin, left, hint)
+                    iterations += 1
+                    if out.log:
+                        logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
+                    if out.status == "error":  # the backend failed: do not retry this P
+                        logger.warning("P=%d: backend error", P)
+                        skipped.add(P)
+                        break
+                    if out.status == "infeasible":
+                        bounds[P] = ub if ub is not None else math.inf
+                        proven[P] = True
+                        break
+                    if out.bound is not None:
+                        bounds[P] = max(bounds[P], rate, out.bound / scale)
+                    if out.values is None:
+                        break
+                    plan = pm.decode(out.values)
+                    ev = evaluate(plan, profile)
+                    if not ev.feasible:  # would be a modelling bug: say so loudly, never return it
+                        logger.error("model solution violates the evaluator: %s", "; ".join(ev.violations))
+                        break
+                    if best is None or ev.iteration_time_s < best[1].iteration_time_s:
+                        best = (plan, ev)
+                        ub = ev.iteration_time_s
+                        pm.lin.add(dict(pm.lin.objective), "<=", math.ceil(ub * scale), f"cutoff_{iterations}")
+                    true_ticks = ev.iteration_time_s * scale
+                    key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
+                    slack = true_ticks - (out.objective or 0.0)
+                    if P > 1 and slack > _rounding_ticks(M, pm.max_stages, L) + gap_tol * true_ticks \
+                            and key not in seen[P]:
+                        seen[P].add(key)
+                        pm.add_sync_cut(out.values, ev.grad_sync_s)
+                        hint = pm.encode(best[0])
+                        continue
+                    proven[P] = out.status == "optimal"
                     break
-                out = backend(pm.lin, left, hint)
-                iterations += 1
-                if out.log:
-                    logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
-                if out.status == "error":  # the backend failed: do not retry this P
-                    logger.warning("P=%d: backend error", P)
-                    skipped.add(P)
-                    break
-                if out.status == "infeasible":
-                    bounds[P] = ub if ub is not None else math.inf
-                    proven[P] = True
-                    break
-                if out.bound is not None:
-                    bounds[P] = max(bounds[P], rate, out.bound / scale)
-                if out.values is None:
-                    break
-                plan = pm.decode(out.values)
-                ev = evaluate(plan, profile)
-                if not ev.feasible:  # would be a modelling bug: say so loudly, never return it
-                    logger.error("model solution violates the evaluator: %s", "; ".join(ev.violations))
-                    break
-                if best is None or ev.iteration_time_s < best[1].iteration_time_s:
-                    best = (plan, ev)
-                    ub = ev.iteration_time_s
-                    pm.lin.add(dict(pm.lin.objective), "<=", math.ceil(ub * scale), f"cutoff_{iterations}")
-                true_ticks = ev.iteration_time_s * scale
-                key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
-                slack = true_ticks - (out.objective or 0.0)
-                if P > 1 and slack > _rounding_ticks(M, pm.max_stages, L) + gap_tol * true_ticks \
-                        and key not in seen[P]:
-                    seen[P].add(key)
-                    pm.add_sync_cut(out.values, ev.grad_sync_s)
-                    hint = pm.encode(best[0])
-                    continue
-                proven[P] = out.status == "optimal"
+                progress_made = progress_made or proven[P]
+                logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
+            if not progress_made and models_deadline - time.monotonic() <= 0.05:
                 break
-            progress_made = progress_made or proven[P]
-            logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
-        if not progress_made and models_deadline - time.monotonic() <= 0.05:
-            break
-    if mine and best is not None and not all(proven.get(P, False) for P in mine):
-        take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
-        settle_fluid()
     if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P

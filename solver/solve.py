@@ -60,7 +60,8 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
 
     ``options`` are passed to exact methods (``backend``, ``warm_start``, ``initial_plan``,
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
-    ``shape_bound``, ``max_model_rows``, ``export_model``); heuristics get seed, profile and time
+    ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``max_model_rows``,
+    ``export_model``); heuristics get seed, profile and time
     limit only. A heuristic module that is not installed yields status ``error`` with the reason.
     """
     opts = dict(options or {})

@@ -515,6 +515,18 @@ def test_two_fluid_searches_on_two_cores_split_the_pipeline_counts_and_keep_the_
     assert res.gap is not None and res.gap >= 0
 
 
+def test_with_split_searches_the_time_they_leave_goes_back_to_the_exact_models() -> None:
+    """The exact models get no share up front (``exact_share`` = 0): once both fluid searches have
+    ended, the models run in what is left and still prove the brute-force optimum."""
+    pb = make_problem(gpus=(2, 2), mem=(4, 4), gb=6, seq=1024, inter=2.0, layers=3)
+    bf = solve(pb, "bruteforce")
+    res = solve(pb, "cpsat", time_limit=20, options={"fluid_parallel": True, "fluid_split": True,
+                                                    "exact_share": 0.0})
+    assert res.params["fluid_split"] is True and res.params["iterations"] >= 1
+    assert res.status is SolveStatus.OPTIMAL
+    assert res.iteration_time_s == pytest.approx(bf.iteration_time_s, rel=1e-6)
+
+
 def test_a_fluid_run_cut_off_before_its_first_iteration_does_not_settle_its_leaf() -> None:
     """A leaf whose slice ends before one column-generation iteration (the first DP call compiling,
     say) proved nothing yet: it gets more time rather than being taken as stalled at its floor."""
