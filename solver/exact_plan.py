@@ -214,15 +214,13 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     skipped: set[int] = set()
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
-    for phase in range(2 if split else 1):  # split: the models, this process's fluid search, the models again
-        if phase == 1:
-            if best is not None and not all(proven.get(P, False) for P in mine):
-                take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
-                settle_fluid()
-            models_deadline = solve_deadline  # the time the search leaves (it may end early) goes back to the models
-        while True:  # passes over the unproven pipeline counts until all are proven or time is up
+    def model_passes(until: float) -> None:
+        """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
+        time to ``until``, until all are proven or the time is up."""
+        nonlocal best, iterations, models_exported
+        while True:
             todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
-            if not todo or models_deadline - time.monotonic() <= 0.05:
+            if not todo or until - time.monotonic() <= 0.05:
                 break
             if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
                 break  # the a-priori bound already proves the incumbent optimal
@@ -231,7 +229,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 poll_child()
                 if proven.get(P, False):
                     continue
-                remaining = models_deadline - time.monotonic()
+                remaining = until - time.monotonic()
                 if remaining <= 0.05:
                     break
                 p_deadline = time.monotonic() + remaining / (len(todo) - idx)
@@ -298,8 +296,14 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     break
                 progress_made = progress_made or proven[P]
                 logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
-            if not progress_made and models_deadline - time.monotonic() <= 0.05:
+            if not progress_made and until - time.monotonic() <= 0.05:
                 break
+    model_passes(models_deadline)
+    if split:  # this process's share of the fluid search, then what time it leaves back to the models
+        if best is not None and not all(proven.get(P, False) for P in mine):
+            take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
+            settle_fluid()
+        model_passes(solve_deadline)
     if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P
