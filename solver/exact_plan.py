@@ -154,23 +154,21 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     parallel = opts.get("fluid_parallel")
     parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
     split = parallel and bool(opts.get("fluid_split", problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
-    params["fluid_parallel"], params["fluid_split"] = parallel, split
+    params["fluid_parallel"] = parallel
     solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
     job: FluidJob | None = None
-    mine: frozenset[int] = frozenset()  # pipeline counts whose fluid search runs here after the models
+    # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
+    mine = frozenset(range(1, pmax + 1, 2))
     if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
         if parallel:  # on a second core, for the whole time limit, while the exact models run here
             solve_deadline = deadline - FLUID_COLLECT_S
-            if split:  # odd counts here once the models had their share, even ones in the child
-                mine = frozenset(range(1, pmax + 1, 2))
-                job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
-                                  only=frozenset(range(2, pmax + 1, 2)))
-            else:
-                job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline)
+            job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
+                              only=frozenset(range(2, pmax + 1, 2)) if split else None)
         else:
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
                 opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic())))
-    split = split and job is not None
+    split = split and job is not None  # no fluid search (option, or no incumbent): nothing to split
+    params["fluid_split"] = split
     models_deadline = time.monotonic() + float(opts.get("exact_share", EXACT_SHARE_SPLIT)) * max(
         0.0, solve_deadline - time.monotonic()) if split else solve_deadline
     if opts.get("shape_bound", not split):  # order-free shape enumeration: a bound valid for every P
