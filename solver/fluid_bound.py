@@ -79,6 +79,7 @@ class FluidResult:
     shapes: tuple[Shape, ...] = field(default=(), repr=False)
     last_duals: tuple[tuple[float, ...], float] | None = field(default=None, repr=False)
     solution: tuple[tuple[Shape, float], ...] = field(default=(), repr=False)  # final master x > 0
+    floors: tuple[float, ...] = field(default=(), repr=False)  # W of each solution column
     replicas: int = 1
     rest_s: float = 0.0
     whole: bool = False  # the master counted whole micro-batches per column (its second phase)
@@ -102,17 +103,25 @@ class _Floors:
     """W of each shape for one (replicas, R, locality): max(R, max_k w_k), cached by stage list
     (inf for a shape the locality forbids, e.g. one that skips a node every pipeline must use)."""
 
-    def __init__(self, tables: CostTables, replicas: int, rest: float, locality: Locality = NO_LOCALITY) -> None:
+    def __init__(self, tables: CostTables, replicas: int, rest: float, locality: Locality = NO_LOCALITY,
+                 w_cap: float = math.inf) -> None:
         self.pr = pricer_for(tables)
         self.extras: StageExtras = self.pr.extras(replicas, locality)
         self.rest = rest
+        self.w_cap = w_cap  # the cell's plans have sync + optimizer ≤ w_cap (a W cell of .fluid_branch)
         self._w: dict[tuple, float] = {}
 
     def __call__(self, s: Shape) -> float:
         w = self._w.get(s.stages)
         if w is None:
             inside = fits_visits(s.stages, self.extras, self.pr.node_list, self.pr.tp_list)  # visited nodes' rules
-            w = self._w[s.stages] = max(self.rest, self.pr.stage_w(s.stages, self.extras)) if inside else math.inf
+            w = max(self.rest, self.pr.stage_w(s.stages, self.extras)) if inside else math.inf
+            # a W cell leaves out the shapes the pricing DP's w caps exclude (some w_k above the cap);
+            # one over the cap only by its largest sync plus largest optimizer step stays, at its W
+            # (a relaxation: the certificate and the master must see the same shapes to close)
+            if w > self.w_cap and self.pr.stage_w(s.stages, self.extras, joint=False) > self.w_cap:
+                w = math.inf
+            self._w[s.stages] = w
         return w
 
     def rate(self, s: Shape, t: float, whole: bool = False) -> float:
@@ -173,7 +182,8 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
                       upper_s: float | None = None, seed_plans: tuple[Plan, ...] = (),
                       deadline: float | None = None, rel_tol: float = 1e-4, max_iterations: int = 200,
                       pool: tuple[Shape, ...] = (), locality: Locality = NO_LOCALITY,
-                      whole: bool = False, integral: bool = True, lb_s: float = 0.0) -> FluidResult:
+                      whole: bool = False, integral: bool = True, lb_s: float = 0.0,
+                      w_cap: float = math.inf) -> FluidResult:
     """Seconds: a valid lower bound on the iteration time of every plan with P pipelines,
     ``replicas`` ≤ P ≤ ``pmax`` (module docstring), given ``rest_s`` ≤ sync + optimizer of every such plan.
 
@@ -187,12 +197,13 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     With ``integral`` (default), once the fractional master has converged the run goes on with the
     whole-batch master and certificate (module docstring); ``whole`` starts there (a resumed run).
     ``lb_s``: a bound already proven for these plans (a resumed run: pricing starts as tight as the
-    gap it left, not from scratch).
+    gap it left, not from scratch). ``w_cap``: only plans whose sync + optimizer time is at most this
+    (a W cell of :mod:`.fluid_branch`; shapes whose floor W exceeds it are left out).
     """
     pr = pricer_for(tables)
     M = tables.micro_batches
     caps = [node.count for node in tables.problem.cluster.nodes]
-    floors = _Floors(tables, replicas, rest_s, locality)
+    floors = _Floors(tables, replicas, rest_s, locality, w_cap)
     master = _Master(caps, pmax, floors)
     master.whole = whole
     for s in pool:
@@ -212,7 +223,9 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     if not master.cols or not math.isfinite(upper_s):
         return FluidResult(lb_s=0.0, upper_s=math.inf, iterations=0, columns=0, converged=False,
                            replicas=replicas, rest_s=rest_s)
-    lb, est, it, converged, duals, retry = min(lb_s, upper_s), upper_s, 0, False, None, False
+    # every plan here runs longer than its sync + optimizer time, which is at least rest_s (the floor a
+    # W cell raises: its bound holds from the start, before any certificate closes)
+    lb, est, it, converged, duals, retry = min(max(lb_s, rest_s), upper_s), upper_s, 0, False, None, False
     while it < max_iterations and (deadline is None or time.monotonic() < deadline):
         it += 1
         est, below = _master_root(master, M, lb, upper_s)
@@ -222,7 +235,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 and not retry else 0.1 * rel_tol
         retry = False
         cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, rel=rel, replicas=replicas,
-                                       rest_s=rest_s, locality=locality, whole=master.whole)
+                                       rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap)
         duals = (tuple(pi.tolist()), mu)
         lb = max(lb, min(cert, upper_s))
         logger.debug("fluid iteration %d: master %.6g s, bound %.6g s, %d new columns, pricing %s", it, est, lb,
@@ -244,7 +257,8 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     master.solve(est)
     solution = tuple((sh, float(v)) for sh, v in zip(*master.last) if v > 1e-9)
     return FluidResult(lb_s=lb, upper_s=est, iterations=it, columns=len(master.cols), converged=converged,
-                       shapes=tuple(master.cols), last_duals=duals, solution=solution, replicas=replicas,
+                       shapes=tuple(master.cols), last_duals=duals, solution=solution,
+                       floors=tuple(floors(sh) for sh, _ in solution), replicas=replicas,
                        rest_s=rest_s, whole=master.whole)
 
 
@@ -270,7 +284,7 @@ LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
                  deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
                  rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
-                 whole: bool = False) -> tuple[float, list[Shape], bool]:
+                 whole: bool = False, w_cap: float = math.inf) -> tuple[float, list[Shape], bool]:
     """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
     over boxes of (U, W); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes of (U, W, π·g)
     (:func:`_box_bound`; a box flat in all three is a Lagrangian bound, so the search stops unclosed).
@@ -282,7 +296,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     hit a limit. The box of least bound is cut along the dimension whose relaxation costs its best
     shape more."""
     pr = pricer_for(tables)
-    floors = _Floors(tables, replicas, rest_s, locality)
+    floors = _Floors(tables, replicas, rest_s, locality, w_cap)
     extras = floors.extras
     caps = np.array([float(n.count) for n in tables.problem.cluster.nodes])
     A = float(pi @ caps) + mu * pmax
@@ -297,9 +311,12 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     finite = [float(t[np.isfinite(t)].min()) for t in (extras.mid, extras.first, extras.last, extras.single)
               if np.isfinite(t).any()]
     w0 = max(rest_s, min(finite, default=0.0))
+    w_top = min(top, w_cap)  # plans of a W cell have W ≤ w_cap
+    if w0 > w_top:
+        return top, [], True  # no shape of the cell fits: its plans (none) finish after any time
     u_edges = list(np.geomspace(lo0, top, 9))
-    w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * top), top, 3)[1:]) if top > w0 > 0 else
-                                 [top] if top > w0 else [])
+    w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * w_top), w_top, 3)[1:]) if w_top > w0 > 0 else
+                                 [w_top] if w_top > w0 else [])
     boxes0 = [(u_edges[i], u_edges[i + 1], w_edges[j], w_edges[j + 1], 0.0, math.inf)
               for i in range(len(u_edges) - 1) for j in range(len(w_edges) - 1)]
     heap: list[tuple[float, int, tuple[float, float, float, float, float, float], Shape]] = []

@@ -67,11 +67,22 @@ class _Leaf:
     result: FluidResult = field(compare=False)
     depth: int = field(compare=False, default=0)
     stalled: bool = field(compare=False, default=False)  # more column generation raised nothing
+    w_lo: float = field(compare=False, default=-math.inf)  # the cell's plans have sync + optimizer in
+    w_hi: float = field(compare=False, default=math.inf)   # (w_lo, w_hi] (a W cell, :func:`_w_split`)
 
     @property
     def settled(self) -> bool:
         """Its column generation converged or stopped raising the bound: time to split it."""
         return self.result.converged or self.stalled
+
+
+def _stalled(before: FluidResult, after: FluidResult, rel_tol: float) -> bool:
+    """More column generation raised nothing: the run's own certificate did not rise and its master's
+    estimate did not fall (the leaf's bound may be its parent's, which a child's run must first catch
+    up with, and a Lagrangian certificate can stay flat while the master still improves). A run cut
+    off before its first iteration (e.g. the DP compiling) proves nothing either way."""
+    return (after.iterations > 0 and after.lb_s <= before.lb_s * (1 + rel_tol)
+            and after.upper_s >= before.upper_s * (1 - rel_tol))
 
 
 def _spread_penalty(tables: CostTables, P: int) -> np.ndarray:
@@ -160,6 +171,24 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     return n if score[n] > 1e-12 else None
 
 
+W_SPLIT_SHARE = 0.002  # a final leaf is split where its master's pipelines' W differ by this share of the incumbent
+
+
+def _w_split(leaf: _Leaf, upper_s: float) -> float | None:
+    """Where to split a final leaf's range of the plan's sync + optimizer time W (docs §15, W cells):
+    the master lets each pipeline count only its own floor W_s, while the plan pays the largest
+    over its pipelines, so a master mixing columns of low and high W_s is cut halfway between them:
+    one child excludes the high ones, the other charges every column at least the cut. None when
+    the used columns' W differ by less than :data:`W_SPLIT_SHARE` of ``upper_s``. Only for leaves with
+    nothing else to branch on: earlier, the cells cost more search time than they raised the bound
+    (small-mixed at 10 s: 12.99 → 12.73 s)."""
+    fl = leaf.result.floors
+    ws = sorted({fl[i] for i, (_, x) in enumerate(leaf.result.solution) if x > 1e-6 and math.isfinite(fl[i])})
+    if len(ws) < 2 or ws[-1] - ws[0] < W_SPLIT_SHARE * upper_s:
+        return None
+    return 0.5 * (ws[0] + ws[-1])
+
+
 JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
 
 
@@ -241,7 +270,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             heapq.heappush(heap, leaf)
             stats.stopped = "the least leaf has nothing to branch on"
             break
-        lo, hi, loc = leaf.lo, leaf.hi, leaf.locality
+        lo, hi, loc, w_lo, w_hi = leaf.lo, leaf.hi, leaf.locality, leaf.w_lo, leaf.w_hi
         node = None
         if lo == hi >= 2 and (leaf.settled or leaf.result.whole):  # P = 1: no sync to branch on
             if lo not in penalties:
@@ -253,42 +282,47 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             quiet = loc
             for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
                 quiet = quiet.with_quiet(m, tables.layers)
-            children = [(lo, hi, quiet), (lo, hi, loc.with_visit(node))]
+            children = [(lo, hi, quiet, w_lo, w_hi), (lo, hi, loc.with_visit(node), w_lo, w_hi)]
         elif not leaf.settled:
-            children = [(lo, hi, loc)]  # continue its column generation
+            children = [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
         elif lo < hi:
-            children = [(a, b, loc) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
+            children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
         else:
             pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
+            cut = _w_split(leaf, upper_s) if pair is None else None
             if pair is not None:
-                children = [(lo, hi, loc.with_local(*pair)), (lo, hi, loc.with_spread(*pair))]
+                children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
+            elif cut is not None:  # the plan's sync + optimizer is at most the cut | above it
+                children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
             else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)
                 continue
         leaves.remove(leaf)
         share = max(min_slice, (deadline - time.monotonic()) / max(8, 2 * len(children), len(heap) + 1))
-        for c_lo, c_hi, c_loc in children:
+        for c_lo, c_hi, c_loc, c_wlo, c_whi in children:
             again = len(children) == 1  # more of the same run: it resumes in the phase it reached
             whole = again and leaf.result.whole  # whole-batch certificates are slower: a longer slice
-            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=rest[c_lo], upper_s=upper_s,
+            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=max(rest[c_lo], c_wlo), upper_s=upper_s,
                                    seed_plans=seed_plans,
                                    deadline=min(deadline, time.monotonic() + (max(share, 4 * min_slice) if whole
                                                                              else share)),
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
-                                   whole=whole, lb_s=leaf.bound if again else 0.0,
-                                   integral=c_lo == c_hi)  # whole batches pay off for one P, not a range
+                                   whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
+                                   integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
+                                   w_cap=c_whi)
             stats.nodes += 1
             last = fr.shapes
-            if not c_loc.local and not c_loc.spread and not c_loc.visit:
+            if not c_loc.local and not c_loc.spread and not c_loc.visit and c_whi == math.inf:
                 runs[c_hi] = fr
             tie += 1
             add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
                       leaf.depth + (not again),
-                      # a run cut off before its first iteration (e.g. the DP compiling) proves nothing
-                      stalled=again and fr.iterations > 0 and fr.lb_s <= leaf.bound * (1 + rel_tol)))
-        logger.info("P=%d..%d depth %d (%s): leaf bound %.6g s", lo, hi, leaf.depth,
-                    "more columns" if len(children) == 1 else "split", leaves[-1].bound)
+                      stalled=again and _stalled(leaf.result, fr, rel_tol),
+                      w_lo=c_wlo, w_hi=c_whi))
+        logger.info("P=%d..%d depth %d (%s): child bounds %s s", lo, hi, leaf.depth,
+                    "more columns" if len(children) == 1 else "node" if node is not None else "range" if lo < hi
+                    else "pair" if pair is not None else "W", ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
     for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf

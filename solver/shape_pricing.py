@@ -352,9 +352,9 @@ class ShapePricer:
             hit = self._extras[key] = stage_extras(self.t, replicas, locality)
         return hit
 
-    def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras) -> float:
+    def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras, *, joint: bool = True) -> float:
         """W = max over the stages of w (:func:`.stage_floors.stage_w`)."""
-        return stage_w(stages, extras, self.node_list, self.tp_list)
+        return stage_w(stages, extras, self.node_list, self.tp_list, joint=joint)
 
 
 def shape_of_pipeline(tables: CostTables, plan: Plan, p: int) -> Shape:

@@ -200,11 +200,12 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
 
 
 def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
-            tps: Sequence[int]) -> float:
+            tps: Sequence[int], *, joint: bool = True) -> float:
     """W = max over the stages of w (by position: single, first, middle, last; ``*_full`` where the
-    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option — and at
-    least max σ + max o over the stages: the plan pays its largest sync and its largest optimizer
-    step, which need not be on one stage (mixed-a100-a40-t4: sync on an A40, AdamW on a T4)."""
+    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option — and, with
+    ``joint``, at least max σ + max o over the stages: the plan pays its largest sync and its largest
+    optimizer step, which need not be on one stage (mixed-a100-a40-t4: sync on an A40, AdamW on a T4).
+    Without ``joint``: the largest w_k alone, which is what the pricing DP's w caps see."""
     K = len(stages)
     if K == 1:
         c, ell = stages[0]
@@ -225,7 +226,7 @@ def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Seq
         if extras.opt is not None:
             opts.append(extras.opt[2 if k == K - 1 else 1 if k == 0 else 0, c, ell - 1] * (1 - 1e-9))
     w = float(max(vals))
-    if not opts or not math.isfinite(w):
+    if not joint or not opts or not math.isfinite(w):
         return w
     # w_k = (o_k + σ_k)(1 − 1e-9): the sync parts and the optimizer parts, each at its own maximum
     return max(w, max(v - o for v, o in zip(vals, opts)) + max(opts))

@@ -1,0 +1,107 @@
+"""W cells of the fluid search (solver/fluid_branch.py, docs/formulation.md §15): a final leaf whose
+master mixes pipelines of different sync + optimizer floors W is split at a cut of the plan's W.
+Each cell's bound holds for exactly the plans in it, the search stays valid with them, and a resumed
+run counts as stalled only when neither its certificate nor its master moved."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hexhelix.ir.plan import PlanProblem
+from hexhelix.solver import fluid_branch
+from hexhelix.solver.bruteforce import enumerate_plans
+from hexhelix.solver.candidates import build_tables
+from hexhelix.solver.evaluate import evaluate
+from hexhelix.solver.exact_plan import max_pipelines
+from hexhelix.solver.fluid_bound import (
+    FluidResult,
+    fluid_lower_bound,
+    optimizer_lower_bound,
+    sync_lower_bound,
+)
+from hexhelix.solver.fluid_branch import _stalled, fluid_bounds_by_pipelines
+from test_planner_exact import make_problem
+
+
+def two_node_instance(seed: int) -> PlanProblem:
+    rng = random.Random(seed)
+    return make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(3, 6), seq=1024,
+                        layers=rng.randint(2, 3), inter=rng.choice([1.0, 2.0, 5.0]),
+                        tflops=(100.0, rng.choice([40.0, 90.0])))
+
+
+def plans_by_count(pb: PlanProblem) -> dict[int, list[tuple[float, float]]]:
+    """Per pipeline count: (iteration time, sync + optimizer time) of every feasible enumerated plan."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for plan in enumerate_plans(pb):
+        ev = evaluate(plan)
+        if ev.feasible:
+            out.setdefault(len(plan.pipelines), []).append((ev.iteration_time_s, ev.grad_sync_s + ev.optimizer_s))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_w_cell_bounds_the_plans_whose_sync_plus_optimizer_lies_in_it(seed: int) -> None:
+    """Cut at the median W of the P-pipeline plans: the capped cell's bound is below the best plan
+    with W ≤ cut, the other cell's (every column charged at least the cut) below the best with
+    W > cut and at least the cut itself; a cap below every shape's floor leaves no plan (bound = top)."""
+    pb = two_node_instance(seed)
+    plans = plans_by_count(pb)
+    tables = build_tables(pb)
+    top = 2 * max(t for ps in plans.values() for t, _ in ps)
+    checked = 0
+    for P, ps in plans.items():
+        ws = sorted(w for _, w in ps)
+        cut = ws[len(ws) // 2]
+        low = [t for t, w in ps if w <= cut]
+        high = [t for t, w in ps if w > cut]
+        if P < 2 or not high:
+            continue
+        rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+        capped = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=top, w_cap=cut)
+        raised = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=max(rest, cut), upper_s=top)
+        assert capped.lb_s <= min(low) * (1 + 1e-9), (P, capped.lb_s, min(low))
+        assert raised.lb_s <= min(high) * (1 + 1e-9), (P, raised.lb_s, min(high))
+        assert raised.lb_s >= cut
+        empty = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=top, w_cap=0.5 * rest)
+        assert empty.lb_s == pytest.approx(top)
+        checked += 1
+    assert checked >= 1
+
+
+def test_the_search_splits_final_leaves_by_w_and_every_bound_stays_below_its_best_plan(monkeypatch) -> None:
+    """On instances whose final leaves mix W floors the search makes W cells (counted), and every
+    pipeline count's bound still lies below its best enumerated plan."""
+    real = fluid_branch._w_split
+    cuts: list[float] = []
+
+    def spy(leaf, upper_s):
+        cut = real(leaf, upper_s)
+        if cut is not None:
+            cuts.append(cut)
+        return cut
+
+    monkeypatch.setattr(fluid_branch, "_w_split", spy)
+    for seed in (2, 3):
+        pb = two_node_instance(seed)
+        best = {P: min(t for t, _ in ps) for P, ps in plans_by_count(pb).items()}
+        tables = build_tables(pb)
+        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
+                                              branch_nodes=60)
+        for P, t in best.items():
+            assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
+    assert cuts, "no W cell was made: the instances no longer exercise the split"
+
+
+def run(lb: float, est: float, iterations: int = 3) -> FluidResult:
+    return FluidResult(lb_s=lb, upper_s=est, iterations=iterations, columns=10, converged=False)
+
+
+def test_a_resumed_run_is_stalled_only_when_neither_its_bound_nor_its_master_moved() -> None:
+    assert _stalled(run(4.0, 5.0), run(4.0, 5.0), 1e-4)
+    assert not _stalled(run(4.0, 5.0), run(4.1, 5.0), 1e-4)      # its certificate rose
+    assert not _stalled(run(4.0, 5.0), run(4.0, 4.8), 1e-4)      # its master still improves (Lagrangian flat)
+    assert not _stalled(run(4.0, 5.0), run(4.0, 5.0, iterations=0), 1e-4)  # cut off before an iteration
+    assert math.isinf(run(0.0, math.inf).upper_s) and _stalled(run(0.0, math.inf), run(0.0, math.inf), 1e-4)
