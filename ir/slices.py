@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from .plan import Plan
 
@@ -66,6 +67,14 @@ def slice_pieces(plan: Plan) -> list[SlicePiece]:
 def cut_unit(unit: str, holders: list[tuple[int, ...]]) -> list[SlicePiece]:
     """Cut ``unit`` at the union of the shard boundaries i/t of its holders (one TP group per
     pipeline, GPUs in TP-rank order); each piece lists the one GPU per pipeline that holds it."""
-    cuts = sorted({Fraction(i, len(g)) for g in holders for i in range(len(g) + 1)})
-    return [SlicePiece(unit=unit, lo=lo, hi=hi, gpus=tuple(g[int(lo * len(g))] for g in holders))
-            for lo, hi in itertools.pairwise(cuts)]
+    return [SlicePiece(unit=unit, lo=lo, hi=hi, gpus=tuple(g[i] for g, i in zip(holders, ranks)))
+            for lo, hi, ranks in _cut_pattern(tuple(len(g) for g in holders))]
+
+
+@lru_cache(maxsize=4096)
+def _cut_pattern(degrees: tuple[int, ...]) -> tuple[tuple[Fraction, Fraction, tuple[int, ...]], ...]:
+    """The pieces of a unit whose holders have these TP degrees: (lo, hi, TP rank per holder). Only
+    the degrees matter, and a planner's search meets the same few patterns for every layer of
+    thousands of candidate plans (exact Fractions: computed once per pattern)."""
+    cuts = sorted({Fraction(i, t) for t in degrees for i in range(t + 1)})
+    return tuple((lo, hi, tuple(int(lo * t) for t in degrees)) for lo, hi in itertools.pairwise(cuts))

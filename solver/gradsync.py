@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from hexhelix.ir.cluster import Cluster
 from hexhelix.ir.opgraph import OpClass
 from hexhelix.ir.plan import Plan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
@@ -33,15 +34,26 @@ def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, 
     cl, tr = plan.problem.cluster, plan.problem.training
     devices = cl.devices()
     per_gpu: dict[int, float] = defaultdict(float)
+    seen: dict[tuple, float] = {}  # (holders' nodes, piece) -> seconds: most layers repeat a few patterns
     for piece in slice_pieces(plan):
-        payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
-        nodes = [devices[g].node for g in piece.gpus]
-        links = [cost.cluster_link(cl, a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]]
-        slow = min(links, key=lambda lk: lk.bandwidth / (1 + lk.bandwidth * lk.latency))
-        t = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload, slow, profile)
+        nodes = tuple(devices[g].node for g in piece.gpus)
+        key = (nodes, piece.unit if not piece.unit.startswith("layer.") else "layer", piece.hi - piece.lo)
+        t = seen.get(key)
+        if t is None:
+            payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
+            t = seen[key] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
+                                                 _slowest_link(cl, nodes), profile)
         for g in set(piece.gpus):
             per_gpu[g] += t
     return dict(per_gpu)
+
+
+def _slowest_link(cl: Cluster, nodes: tuple[int, ...]) -> cost.Link:
+    """The slowest link between any two holders (a node holding two of them: its own link); pairs
+    in their first-met order, so ties resolve as over the full list."""
+    pairs = dict.fromkeys((a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:])
+    links = [cost.cluster_link(cl, a, b) for a, b in pairs]
+    return min(links, key=lambda lk: lk.bandwidth / (1 + lk.bandwidth * lk.latency))
 
 
 def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:

@@ -52,6 +52,7 @@ from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
+from .candidates import identical_node_groups
 from .evaluate import Evaluation, evaluate
 from .gradsync import gpu_sync_times
 from .layer_assign import (
@@ -91,6 +92,9 @@ def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
     return out
 
 
+_MISS = object()
+
+
 class _PipelineSolver:
     """Phase 2 plus layer assignment for one pipeline (a list of GPUs), memoised by composition."""
 
@@ -101,6 +105,8 @@ class _PipelineSolver:
         self._memo: dict[tuple, tuple[tuple[int, ...], list[int]] | None] = {}
         self._orders: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self._layouts: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # assign_layers by its inputs
+        self._by_stages: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # layout by stage classes
+        self._class_of = {n: g[0] for g in identical_node_groups(problem) for n in g}
         self.n_orders = n_orders
         self.devs = problem.cluster.devices()
 
@@ -111,6 +117,14 @@ class _PipelineSolver:
     def layout(self, stages: list[Stage], m: int, caps: Sequence[int] | None = None) -> tuple[tuple[int, ...], float] | None:
         """Exact layer counts for these stages at m micro-batches under the memory caps (and
         ``caps``, extra per-stage maxima, when given)."""
+        # the result depends on each stage's node only up to interchangeable nodes (and on whether
+        # the next stage shares it): the search re-scores the same sequences (3 in 4 calls on het3)
+        cls, n = self._class_of, len(stages)
+        skey = (tuple((cls[node], len(g), k + 1 < n and stages[k + 1][0] == node) for k, (node, g) in enumerate(stages)),
+                m, None if caps is None else tuple(caps))
+        hit = self._by_stages.get(skey, _MISS)
+        if hit is not _MISS:
+            return hit
         pt = self.table.probes(stages, m)
         pm = pt if self._mem_mb(m) == m else self.table.probes(stages, self._mem_mb(m))
         mem = [p.max_layers() for p in pm]
@@ -119,6 +133,7 @@ class _PipelineSolver:
         if key not in self._layouts:  # the search meets the same stage costs again and again (~3 in 4 on het3)
             self._layouts[key] = assign_layers(key[0], key[1], key[2], self.problem.model.layers, m,
                                                min_stage_layers(self.problem))
+        self._by_stages[skey] = self._layouts[key]
         return self._layouts[key]
 
     def _orders_of(self, nodes: tuple[int, ...]) -> list[tuple[int, ...]]:

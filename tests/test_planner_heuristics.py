@@ -363,3 +363,22 @@ def test_relieve_sync_moves_layers_off_slowly_synced_stages_where_single_moves_c
         assert after.micro_batches == before.micro_batches
     # the planner applies it: its plan is at least as good as the relieved stripes
     assert plan_hexiscale(pr).iteration_time_s <= rev.iteration_time_s + 1e-12
+
+
+def test_layouts_are_shared_between_interchangeable_nodes_only(examples_dir):
+    """hexiscale-het3 has four interchangeable 8-GPU 4090 nodes (3-6) and two 4-GPU ones (1-2): one
+    solver scoring stage lists on all of them (and on the 3090 node, 0) answers each exactly as a
+    fresh solver does — a layout remembered for one node is reused only on its twins, and only with
+    the next stage on the same node again on the same node (intra- vs inter-node hand-off)."""
+    pr = _problem(examples_dir, "hexiscale-het3")
+    shared = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+    g = {n: tuple(d.id for d in pr.cluster.devices() if d.node == n) for n in range(len(pr.cluster.nodes))}
+    lists = []
+    for a, b in ((3, 4), (5, 6), (1, 2), (0, 3), (4, 0)):
+        lists += [[(a, g[a][:2]), (a, g[a][2:4]), (7, g[7][:2])],   # same node, then the A100 node
+                  [(a, g[a][:2]), (b, g[b][2:4]), (7, g[7][:2])],   # another node, then the A100 node
+                  [(a, g[a][:4]), (b, g[b][:4])]]
+    for stages in lists:
+        fresh = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+        assert shared.layout(stages, 8) == fresh.layout(stages, 8), [n for n, _ in stages]
+    assert len({shared.layout(st, 8) for st in lists}) > 3  # the lists do differ in their answers
