@@ -122,11 +122,15 @@ def _open_holdings(tables: CostTables, leaf: _Leaf) -> np.ndarray:
 
 def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[int, int] | None:
     """The open (layer, node) pair most worth branching on: held on node n by a fraction h of the
-    master's P pipelines with 0 < h < P, scored by h·(P − h)·penalty(n); None when there is none."""
+    master's P pipelines with 0 < h < P, scored by h·(P − h)·penalty(n); None when there is none.
+    Nodes with fewer than P GPUs are left out: no layer can be local there (the room rule already
+    charges all their pairs spread, so a spread child would be its parent again and a local one
+    empty — mixed-a100-a40-t4 spent 52 of its P = 6 branchings on the 4-GPU T4 node)."""
     P = leaf.lo
     h = _open_holdings(tables, leaf)
     score = h * (P - h) * penalty[None, :]
     score[(h < 1e-6) | (h > P - 1e-6)] = 0.0
+    score[:, np.array([node.count < P for node in tables.problem.cluster.nodes])] = 0.0
     i, n = np.unravel_index(int(np.argmax(score)), score.shape)
     return (int(i), int(n)) if score[i, n] > 1e-12 else None
 

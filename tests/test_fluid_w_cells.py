@@ -1,4 +1,4 @@
-"""W cells of the fluid search (solver/fluid_branch.py, docs/formulation.md §15): a final leaf whose
+"""W cells and pair choice of the fluid search (solver/fluid_branch.py, docs/formulation.md §15): a final leaf whose
 master mixes pipelines of different sync + optimizer floors W is split at a cut of the plan's W.
 Each cell's bound holds for exactly the plans in it, the search stays valid with them, and a resumed
 run counts as stalled only when neither its certificate nor its master moved."""
@@ -21,7 +21,15 @@ from hexhelix.solver.fluid_bound import (
     optimizer_lower_bound,
     sync_lower_bound,
 )
-from hexhelix.solver.fluid_branch import _stalled, fluid_bounds_by_pipelines
+from hexhelix.solver.fluid_branch import (
+    _Leaf,
+    _open_holdings,
+    _spread_penalty,
+    _stalled,
+    _violation,
+    fluid_bounds_by_pipelines,
+)
+from hexhelix.solver.stage_floors import Locality
 from test_planner_exact import make_problem
 
 
@@ -105,3 +113,23 @@ def test_a_resumed_run_is_stalled_only_when_neither_its_bound_nor_its_master_mov
     assert not _stalled(run(4.0, 5.0), run(4.0, 4.8), 1e-4)      # its master still improves (Lagrangian flat)
     assert not _stalled(run(4.0, 5.0), run(4.0, 5.0, iterations=0), 1e-4)  # cut off before an iteration
     assert math.isinf(run(0.0, math.inf).upper_s) and _stalled(run(0.0, math.inf), run(0.0, math.inf), 1e-4)
+
+
+def test_pairs_are_branched_only_on_nodes_that_can_hold_a_layer_for_every_pipeline() -> None:
+    """With P pipelines a layer can be local only on a node of at least P GPUs (room rule, which
+    already charges every pair of a smaller node spread): the pair chosen for branching is never on
+    a smaller node, although the masters do hold layers fractionally there."""
+    P, small_mixed = 3, 0
+    for seed in range(6):
+        pb = make_problem(gpus=(2, 4), mem=(4, 4), gb=random.Random(seed).randint(4, 6), seq=1024, layers=3,
+                          inter=random.Random(seed).choice([1.0, 2.0, 5.0]), tflops=(100.0, 40.0))
+        tables = build_tables(pb)
+        rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+        fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=10.0)
+        leaf = _Leaf(fr.lb_s, 0, P, P, Locality(), fr)
+        penalty = _spread_penalty(tables, P)
+        pair = _violation(tables, leaf, penalty)
+        assert pair is None or pb.cluster.nodes[pair[1]].count >= P, (seed, pair)
+        h = _open_holdings(tables, leaf)[:, 0]  # node 0 has 2 < P GPUs
+        small_mixed += bool(((h > 1e-6) & (h < P - 1e-6)).any() and penalty[0] > 0)
+    assert small_mixed, "no master held a layer fractionally on the small node: the check says nothing"
