@@ -285,22 +285,25 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             # once the fractional master has converged, a node decision raises the bound more than
             # the whole-batch phase does (measured on hexiscale-het2), so it comes first
             node = _node_to_branch(tables, leaf, penalties[lo])
+        kind = "node"
         if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
             quiet = loc
             for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
                 quiet = quiet.with_quiet(m, tables.layers)
             children = [(lo, hi, quiet, w_lo, w_hi), (lo, hi, loc.with_visit(node), w_lo, w_hi)]
         elif not leaf.settled:
-            children = [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
+            kind, children = "more columns", [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
         elif lo < hi:
+            kind = "range"
             children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
         else:
             pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
             cut = _w_split(leaf, upper_s) if pair is None else None
             if pair is not None:
+                kind = "pair"
                 children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
             elif cut is not None:  # the plan's sync + optimizer is at most the cut | above it
-                children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
+                kind, children = "W", [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
             else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)
@@ -327,9 +330,8 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                       leaf.depth + (not again),
                       stalled=again and _stalled(leaf.result, fr, rel_tol),
                       w_lo=c_wlo, w_hi=c_whi))
-        logger.info("P=%d..%d depth %d (%s): child bounds %s s", lo, hi, leaf.depth,
-                    "more columns" if len(children) == 1 else "node" if node is not None else "range" if lo < hi
-                    else "pair" if pair is not None else "W", ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
+        logger.info("P=%d..%d depth %d (%s): child bounds %s s", lo, hi, leaf.depth, kind,
+                    ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
     for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf

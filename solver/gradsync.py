@@ -34,15 +34,14 @@ def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, 
     cl, tr = plan.problem.cluster, plan.problem.training
     devices = cl.devices()
     per_gpu: dict[int, float] = defaultdict(float)
-    seen: dict[tuple, float] = {}  # (holders' nodes, piece) -> seconds: most layers repeat a few patterns
+    seen: dict[tuple, float] = {}  # (holders' nodes, payload) -> seconds: most layers repeat a few patterns
     for piece in slice_pieces(plan):
+        payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
         nodes = tuple(devices[g].node for g in piece.gpus)
-        key = (nodes, piece.unit if not piece.unit.startswith("layer.") else "layer", piece.hi - piece.lo)
-        t = seen.get(key)
+        t = seen.get((nodes, payload))
         if t is None:
-            payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
-            t = seen[key] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
-                                                 _slowest_link(cl, nodes), profile)
+            t = seen[(nodes, payload)] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
+                                                              _slowest_link(cl, nodes), profile)
         for g in set(piece.gpus):
             per_gpu[g] += t
     return dict(per_gpu)

@@ -92,9 +92,6 @@ def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
     return out
 
 
-_MISS = object()
-
-
 class _PipelineSolver:
     """Phase 2 plus layer assignment for one pipeline (a list of GPUs), memoised by composition."""
 
@@ -122,9 +119,8 @@ class _PipelineSolver:
         cls, n = self._class_of, len(stages)
         skey = (tuple((cls[node], len(g), k + 1 < n and stages[k + 1][0] == node) for k, (node, g) in enumerate(stages)),
                 m, None if caps is None else tuple(caps))
-        hit = self._by_stages.get(skey, _MISS)
-        if hit is not _MISS:
-            return hit
+        if skey in self._by_stages:
+            return self._by_stages[skey]
         pt = self.table.probes(stages, m)
         pm = pt if self._mem_mb(m) == m else self.table.probes(stages, self._mem_mb(m))
         mem = [p.max_layers() for p in pm]
