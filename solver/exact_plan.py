@@ -158,12 +158,12 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
     job: FluidJob | None = None
     # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
-    mine = frozenset(range(1, pmax + 1, 2))
+    mine, theirs = frozenset(range(1, pmax + 1, 2)), frozenset(range(2, pmax + 1, 2))
     if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
         if parallel:  # on a second core, for the whole time limit, while the exact models run here
             solve_deadline = deadline - FLUID_COLLECT_S
             job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
-                              only=frozenset(range(2, pmax + 1, 2)) if split else None)
+                              only=theirs if split else None)
         else:
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
                 opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic())))
