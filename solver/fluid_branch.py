@@ -178,22 +178,41 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     return n if score[n] > 1e-12 else None
 
 
+# a master whose columns' W differ by this share of the incumbent is cut by W before any pair: on
+# mixed-a100-a40-t4 (P = 5: W 0.21-0.40 s in one master) pairs raised its bound 0.009 s per level
+W_FIRST_SHARE = 0.01
 W_SPLIT_SHARE = 0.002  # a final leaf is split where its master's pipelines' W differ by this share of the incumbent
 
 
-def _w_split(leaf: _Leaf, upper_s: float) -> float | None:
+def _w_split(leaf: _Leaf, upper_s: float, share: float = W_SPLIT_SHARE) -> float | None:
     """Where to split a final leaf's range of the plan's sync + optimizer time W (docs §15, W cells):
     the master lets each pipeline count only its own floor W_s, while the plan pays the largest
     over its pipelines, so a master mixing columns of low and high W_s is cut halfway between them:
     one child excludes the high ones, the other charges every column at least the cut. None when
-    the used columns' W differ by less than :data:`W_SPLIT_SHARE` of ``upper_s``. Only for leaves with
-    nothing else to branch on: earlier, the cells cost more search time than they raised the bound
-    (small-mixed at 10 s: 12.99 → 12.73 s)."""
+    the used columns' W differ by less than ``share`` of ``upper_s``. The search asks first with
+    :data:`W_FIRST_SHARE` (a wide spread: cut before any pair) and, for a leaf with nothing else to
+    branch on, with :data:`W_SPLIT_SHARE`: narrow cuts made early cost more search time than they
+    raised the bound (small-mixed at 10 s: 12.99 → 12.73 s)."""
     fl = leaf.result.floors
     ws = sorted({fl[i] for i, (_, x) in enumerate(leaf.result.solution) if x > 1e-6 and math.isfinite(fl[i])})
-    if len(ws) < 2 or ws[-1] - ws[0] < W_SPLIT_SHARE * upper_s:
+    if len(ws) < 2 or ws[-1] - ws[0] < share * upper_s:
         return None
     return 0.5 * (ws[0] + ws[-1])
+
+
+def _last_split(tables: CostTables, leaf: _Leaf, upper_s: float,
+                penalty: np.ndarray | None) -> tuple[str, tuple[int, int] | float] | None:
+    """How a settled one-P leaf with no node left to decide is split: ("W", cut) when its master's
+    W spread is wide (:data:`W_FIRST_SHARE`), else ("pair", (layer, node)) when a pair is open
+    (P ≥ 2), else ("W", cut) for a narrow spread (:data:`W_SPLIT_SHARE`); None: the leaf is final."""
+    cut = _w_split(leaf, upper_s, W_FIRST_SHARE)
+    if cut is not None:
+        return "W", cut
+    pair = _violation(tables, leaf, penalty) if leaf.lo >= 2 and penalty is not None else None
+    if pair is not None:
+        return "pair", pair
+    cut = _w_split(leaf, upper_s)
+    return None if cut is None else ("W", cut)
 
 
 JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
@@ -297,13 +316,13 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             kind = "range"
             children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
         else:
-            pair = _violation(tables, leaf, penalties[lo]) if lo >= 2 else None
-            cut = _w_split(leaf, upper_s) if pair is None else None
-            if pair is not None:
-                kind = "pair"
+            step = _last_split(tables, leaf, upper_s, penalties.get(lo))
+            if step is not None and step[0] == "pair":
+                kind, pair = step
                 children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
-            elif cut is not None:  # the plan's sync + optimizer is at most the cut | above it
-                kind, children = "W", [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
+            elif step is not None:  # the plan's sync + optimizer is at most the cut | above it
+                kind, cut = step
+                children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
             else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)

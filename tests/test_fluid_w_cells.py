@@ -5,6 +5,7 @@ run counts as stalled only when neither its certificate nor its master moved."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -22,6 +23,9 @@ from hexhelix.solver.fluid_bound import (
     sync_lower_bound,
 )
 from hexhelix.solver.fluid_branch import (
+    W_FIRST_SHARE,
+    W_SPLIT_SHARE,
+    _last_split,
     _Leaf,
     _open_holdings,
     _spread_penalty,
@@ -85,8 +89,8 @@ def test_the_search_splits_final_leaves_by_w_and_every_bound_stays_below_its_bes
     real = fluid_branch._w_split
     cuts: list[float] = []
 
-    def spy(leaf, upper_s):
-        cut = real(leaf, upper_s)
+    def spy(leaf, upper_s, share=fluid_branch.W_SPLIT_SHARE):
+        cut = real(leaf, upper_s, share)
         if cut is not None:
             cuts.append(cut)
         return cut
@@ -101,6 +105,35 @@ def test_the_search_splits_final_leaves_by_w_and_every_bound_stays_below_its_bes
         for P, t in best.items():
             assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
     assert cuts, "no W cell was made: the instances no longer exercise the split"
+
+
+def test_a_wide_w_spread_is_cut_before_any_pair_and_a_narrow_one_only_when_no_pair_is_left(monkeypatch) -> None:
+    """The order of the last splits: W first when the master's columns' W differ by ≥ W_FIRST_SHARE of
+    the incumbent, else the open pair, else a W cut when they differ by ≥ W_SPLIT_SHARE, else final."""
+    pb = two_node_instance(0)
+    tables = build_tables(pb)
+    P, upper = 2, 10.0
+    rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+    fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=upper)
+    col = fr.solution[0]
+
+    def leaf(floors: tuple[float, float]) -> _Leaf:
+        res = dataclasses.replace(fr, solution=(col, col), floors=floors)
+        return _Leaf(0.0, 0, P, P, Locality(), res)
+
+    wide = (1.0, 1.0 + 2 * W_FIRST_SHARE * upper)
+    narrow = (1.0, 1.0 + 0.5 * (W_FIRST_SHARE + W_SPLIT_SHARE) * upper)
+    flat = (1.0, 1.0)
+    penalty = _spread_penalty(tables, P)
+    for pair in ((0, 1), None):
+        monkeypatch.setattr(fluid_branch, "_violation", lambda *_, pair=pair: pair)
+        assert _last_split(tables, leaf(wide), upper, penalty) == ("W", pytest.approx(sum(wide) / 2))
+        assert _last_split(tables, leaf(narrow), upper, penalty) == (
+            ("pair", pair) if pair else ("W", pytest.approx(sum(narrow) / 2)))
+        assert _last_split(tables, leaf(flat), upper, penalty) == (("pair", pair) if pair else None)
+    # one pipeline: no pair to branch on (no sync between replicas), W cuts still apply
+    one = dataclasses.replace(leaf(narrow), lo=1, hi=1)
+    assert _last_split(tables, one, upper, None) == ("W", pytest.approx(sum(narrow) / 2))
 
 
 def run(lb: float, est: float, iterations: int = 3) -> FluidResult:
