@@ -55,7 +55,13 @@ from hexhelix.ir.plan import Plan
 from . import cost
 from .candidates import CostTables
 from .milp_plan import quiet_stdout
-from .shape_pricing import Shape, pricer_for, shape_from_stages, shape_of_pipeline
+from .shape_pricing import (
+    Shape,
+    micro_batches_within,
+    pricer_for,
+    shape_from_stages,
+    shape_of_pipeline,
+)
 from .stage_floors import NO_LOCALITY, Locality, StageExtras, fits_visits
 
 __all__ = ["FluidResult", "Shape", "certificate", "fluid_lower_bound", "optimizer_lower_bound", "shape_from_stages",
@@ -124,14 +130,24 @@ class _Floors:
             self._w[s.stages] = w
         return w
 
-    def rate(self, s: Shape, t: float, whole: bool = False) -> float:
-        """r_s(t) = 1 + (t − W − S)/U: the most micro-batches the shape runs within t (⌊r⌋ if ``whole``)."""
-        r = s.micro_batches_within(t - self(s))
-        return math.floor(r + 1e-9) if whole else r
+
+
+def _highs() -> highspy.Highs:
+    """A silent single-threaded HiGHS: it prints its banner on stdout (would break --json output),
+    and its scheduler is process-wide, so a later solve asking for another thread count than the
+    first fails (PuLP's HiGHS, the MILP backend, then returns kNotset)."""
+    with quiet_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    return h
 
 
 class _Master:
-    """The restricted fluid master LP over the columns found so far (HiGHS)."""
+    """The restricted fluid master LP over the columns found so far (HiGHS). One model is kept and
+    grown column by column; each solve at a time t only changes the costs r_s(t) and which columns
+    are live (bounds), so the simplex restarts from the last basis instead of from scratch (the
+    bisection of :func:`_master_root` solves it ~20 times per iteration)."""
 
     def __init__(self, caps: list[int], pmax: int, floors: _Floors) -> None:
         self.caps, self.pmax, self.floors = caps, pmax, floors
@@ -139,6 +155,9 @@ class _Master:
         self.keys: set[tuple] = set()
         self.last: tuple[list[Shape], np.ndarray] = ([], np.zeros(0))
         self.whole = False  # ⌊r⌋ micro-batches per column (the integral master), else fractional r
+        self._h: highspy.Highs | None = None
+        self._in_model = 0  # columns already in the HiGHS model (the first ones of self.cols)
+        self._swu = np.zeros((3, 0))  # S, W and U of those columns
 
     def add(self, s: Shape) -> bool:
         if s.stages in self.keys or not math.isfinite(s.bottleneck):
@@ -147,23 +166,65 @@ class _Master:
         self.cols.append(s)
         return True
 
-    def solve(self, t: float) -> tuple[float, np.ndarray, float]:
-        """V_R(t), node duals π ≥ 0 and the pipeline-count dual μ ≥ 0."""
-        live = [s for s in self.cols if s.total + self.floors(s) <= t]
+    def _model(self) -> highspy.Highs:
+        """The HiGHS model with every column so far (rows: node capacities, then the pipeline count)."""
+        h = self._h
+        if h is None:
+            h = self._h = _highs()
+            inf = highspy.kHighsInf
+            for cap in (*self.caps, self.pmax):
+                h.addRow(-inf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
         N = len(self.caps)
+        new = self.cols[self._in_model:]
+        for s in new:
+            idx = [n for n in range(N) if s.gpus[n] > 0]
+            h.addCol(0.0, 0.0, 0.0, len(idx) + 1, np.array([*idx, N], dtype=np.int32),
+                     np.array([*(float(s.gpus[n]) for n in idx), 1.0]))
+        if new:
+            self._swu = np.hstack([self._swu, np.array([[s.total, self.floors(s), s.bottleneck] for s in new]).T])
+        self._in_model = len(self.cols)
+        return h
+
+    def value(self, t: float) -> float:
+        """V_R(t) alone, on the kept model: only the costs r_s(t) and which columns are live change,
+        so the simplex restarts from its last basis (the bisection of :func:`_master_root`)."""
+        h = self._model()
+        S, W, _ = self._swu
+        live = S + W <= t
+        if not live.any():
+            return 0.0
+        n = len(self.cols)
+        idx = np.arange(n, dtype=np.int32)
+        h.changeColsCost(n, idx, np.where(live, -self._rates(t), 0.0))
+        h.changeColsBounds(n, idx, np.zeros(n), np.where(live, highspy.kHighsInf, 0.0))
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            return 0.0
+        return -h.getInfo().objective_function_value
+
+    def _rates(self, t: float) -> np.ndarray:
+        """r_s(t) = 1 + (t − W − S)/U of every column in the model (⌊r⌋ with whole batches)."""
+        S, W, U = self._swu
+        with np.errstate(invalid="ignore"):  # W = inf: a column the cell excludes (never live)
+            r = micro_batches_within(t - W, S, U)
+        return np.floor(r + 1e-9) if self.whole else r
+
+    def solve(self, t: float) -> tuple[float, np.ndarray, float]:
+        """V_R(t), node duals π ≥ 0 and the pipeline-count dual μ ≥ 0, from a fresh model of the live
+        columns: a warm-started simplex ends on another optimal basis of this degenerate LP, whose
+        duals certify less (the pricing then stalls short of the master's value)."""
+        N = len(self.caps)
+        self._model()
+        S, W, _ = self._swu
+        mask = S + W <= t
+        live = [s for s, ok in zip(self.cols, mask) if ok]
         if not live:
             return 0.0, np.zeros(N), 0.0
-        with quiet_stdout():  # HiGHS prints its banner on stdout (would break --json output)
-            h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        # one thread, as the MILP backend: HiGHS's scheduler is process-wide, and a later solve asking
-        # for a different thread count than the first fails (PuLP's HiGHS then returns kNotset)
-        h.setOptionValue("threads", 1)
+        h = _highs()
         inf = highspy.kHighsInf
         for _ in live:
             h.addVar(0.0, inf)
-        h.changeColsCost(len(live), np.arange(len(live), dtype=np.int32),
-                         np.array([-self.floors.rate(s, t, self.whole) for s in live]))
+        h.changeColsCost(len(live), np.arange(len(live), dtype=np.int32), -self._rates(t)[mask])
         for n in range(N):
             idx = np.array([i for i, s in enumerate(live) if s.gpus[n] > 0], dtype=np.int32)
             h.addRow(-inf, float(self.caps[n]), len(idx), idx, np.array([live[i].gpus[n] for i in idx], dtype=float))
@@ -265,11 +326,11 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
 def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, float]:
     """Least t in [lo, hi] with V_R(t) ≥ M (bisection; V_R is nondecreasing in t; hi if none) and
     the greatest t seen below it (lo if none)."""
-    if master.solve(hi)[0] < M:
+    if master.value(hi) < M:
         return hi, hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        if master.solve(mid)[0] >= M:
+        if master.value(mid) >= M:
             hi = mid
         else:
             lo = mid
@@ -326,8 +387,13 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     kp = kappa + 1.0 - 1e-9  # κ' a hair low: the whole-batch certificate needs f_s ≤ a_s − ε
     g_top = float(pi @ caps)  # π·g of a shape never exceeds it
 
-    def pg(s: Shape) -> float:
-        return float(pi @ np.array(s.gpus, dtype=float))
+    pgs: dict[tuple[int, ...], float] = {}
+
+    def pg(s: Shape) -> float:  # π·g (remembered by GPU use: shapes share it)
+        v = pgs.get(s.gpus)
+        if v is None:
+            v = pgs[s.gpus] = float(pi @ np.array(s.gpus, dtype=float))
+        return v
 
     def k_of(s: Shape) -> int:  # whole micro-batches: ⌊π·g + κ'⌋
         return max(0, math.floor(pg(s) + kp))

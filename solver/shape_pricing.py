@@ -13,6 +13,7 @@ of pipelines and layer locality (:mod:`.stage_floors`); the DP can cap them like
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from . import shape_dp_jit
 from .candidates import CostTables
 from .stage_floors import NO_LOCALITY, Locality, StageExtras, stage_extras, stage_w
 
-__all__ = ["Shape", "ShapePricer", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
+__all__ = ["Shape", "ShapePricer", "micro_batches_within", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,14 @@ class Shape:
 
     def micro_batches_within(self, t: float) -> float:
         """r(t) = 1 + (t − S)/U: the most micro-batches this shape runs within t (fractional)."""
-        return 1.0 + (t - self.total) / self.bottleneck
+        return micro_batches_within(t, self.total, self.bottleneck)
+
+
+def micro_batches_within(t: float | np.ndarray, total: float | np.ndarray,
+                         bottleneck: float | np.ndarray) -> float | np.ndarray:
+    """r = 1 + (t − S)/U for shapes of sum S and bottleneck U (scalars or arrays of columns): a
+    pipeline's first micro-batch takes S, each further one U."""
+    return 1.0 + (t - total) / bottleneck
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +174,8 @@ class ShapePricer:
         oks = ell[None, :] <= cap(True, True)[:, None]
         self.u_single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
         self._states: dict[tuple[tuple[int, ...], tuple[int, ...]], _States] = {}
+        self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # :meth:`shape` by stage list
+        self._full: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (full, full_fresh) by states and room
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
@@ -189,31 +199,38 @@ class ShapePricer:
             st = self._states[key] = _build_states(self, *key)
         caps = np.asarray(caps, dtype=float)
         weights = np.asarray(weights, dtype=float)
-        full = np.zeros((self.C, st.S), dtype=bool)
-        if extras is not None:  # runs that leave no room on their node for the other replicas
-            caps_n = np.array(extras.caps)[self.node][:, None]
-            full = (extras.replicas >= 2) & (st.run_after + extras.replicas - 1 > caps_n)  # (C, S)
+        room = (extras.replicas, extras.caps) if extras is not None else None
+        hit = self._full.get((key, room))
+        if hit is None:
+            full = np.zeros((self.C, st.S), dtype=bool)
+            full_fresh = np.zeros(self.C, dtype=bool)
+            if extras is not None:  # runs that leave no room on their node for the other replicas
+                caps_n = np.array(extras.caps)[self.node]
+                full = (extras.replicas >= 2) & (st.run_after + extras.replicas - 1 > caps_n[:, None])  # (C, S)
+                full_fresh = (extras.replicas >= 2) & (self.tp + extras.replicas - 1 > caps_n)  # the stage alone
+            if len(self._full) > 64:
+                self._full.clear()
+            hit = self._full[(key, room)] = (full, full_fresh)
+        full, full_fresh = hit
         if self.engine == "jit":
-            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full)
+            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh)
         return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
-                   wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:
+                   wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
+                   full_fresh: np.ndarray) -> tuple[np.ndarray, list]:
         """:meth:`solve` by the compiled loops of :mod:`.shape_dp_jit`."""
         K = len(caps)
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
         none = self._no_extras
         ex = extras if extras is not None else none
-        full_fresh = np.zeros(self.C, dtype=bool)
-        if extras is not None:  # a fresh run is the stage alone
-            full_fresh = (extras.replicas >= 2) & (self.tp + extras.replicas - 1 > np.array(extras.caps)[self.node])
         vals, rows, counts = shape_dp_jit.solve_batch(
             caps, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
             self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
             st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
             (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
             ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
-        shapes: list = [self.shape([(int(c), int(ell)) for c, ell in rows[k, : counts[k]]])
+        shapes: list = [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist())))
                         if math.isfinite(vals[k]) else None for k in range(K)]
         return vals, shapes
 
@@ -322,8 +339,18 @@ class ShapePricer:
             shapes.append(self.shape(stages))
         return vals, shapes
 
-    def shape(self, stages: list[tuple[int, int]]) -> Shape:
-        """Exact S and U of an ordered stage list from the tabulated evaluator pieces."""
+    def shape(self, stages: Sequence[tuple[int, int]]) -> Shape:
+        """Exact S and U of an ordered stage list from the tabulated evaluator pieces (remembered:
+        the pricing meets the same shapes again and again)."""
+        key = tuple(stages)
+        hit = self._shapes.get(key)
+        if hit is None:
+            if len(self._shapes) > 200_000:
+                self._shapes.clear()
+            hit = self._shapes[key] = self._new_shape(key)
+        return hit
+
+    def _new_shape(self, stages: tuple[tuple[int, int], ...]) -> Shape:
         K = len(stages)
         u = []
         for k, (c, ell) in enumerate(stages):
