@@ -21,6 +21,8 @@ from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.exact_plan import max_pipelines, round_master
 from hexhelix.solver.fluid_bound import (
+    _Floors,
+    _Master,
     certificate,
     fluid_lower_bound,
     optimizer_lower_bound,
@@ -569,3 +571,33 @@ def test_a_failing_fluid_child_leaves_a_valid_result_and_a_warning(monkeypatch, 
     assert res.params.get("fluid_bound_s") is None
     assert "fluid bound search failed" in caplog.text
     assert ("boom" in caplog.text) == (failure == "raises")
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_the_kept_master_model_gives_the_values_of_a_fresh_one_as_columns_arrive(whole: bool) -> None:
+    """The bisection's warm-started master (one HiGHS model grown column by column, costs and live
+    columns changed per T) gives V_R(T) equal to a fresh model of the live columns, at every T and
+    after every batch of new columns — fractional and whole micro-batches alike."""
+    pb = make_problem(gpus=(3, 2), mem=(4, 4), gb=8, seq=1024, layers=3, inter=2.0)
+    tables = build_tables(pb)
+    P = max_pipelines(tables)
+    fr = fluid_lower_bound(tables, pmax=P, replicas=2, rest_s=0.0, upper_s=100.0)
+    cols = list(fr.shapes)
+    assert len(cols) >= 5
+    floors = _Floors(tables, 2, 0.0)
+    kept = _Master([n.count for n in pb.cluster.nodes], P, floors)
+    kept.whole = whole
+    ts = np.linspace(min(s.total for s in cols), 3 * max(s.total + floors(s) for s in cols), 9)
+    checked = 0
+    for batch in (cols[:2], cols[2:4], cols[4:]):
+        for s in batch:
+            kept.add(s)
+        for t in (*ts, *ts[::-1]):  # up and down: the warm basis comes from another T each time
+            fresh = _Master(kept.caps, P, floors)
+            fresh.whole = whole
+            for s in kept.cols:
+                fresh.add(s)
+            want = fresh.solve(float(t))[0]
+            assert kept.value(float(t)) == pytest.approx(want, rel=1e-7, abs=1e-9)
+            checked += want > 0
+    assert checked >= 6
