@@ -11,10 +11,10 @@ Each child is a fluid master with those floors (:mod:`.stage_floors`), whose cer
 for the plans of its set; the bound for a pipeline count is the least bound over the open leaves.
 Before pairs, whole nodes are decided (:func:`_node_to_branch`): *quiet* (no layer local at n: all of
 n's pairs spread) or *visited* (some layer local at n: every pipeline then uses a GPU of n, which the
-pricing DP enforces) — one decision moves every layer of a node at once. A leaf with nothing left
-to branch on whose master mixes pipelines of different sync + optimizer floors is cut by the plan's
-sync + optimizer time (W cells, :func:`_w_split`): the master charges each pipeline its own floor,
-the plan pays the largest.
+pricing DP enforces) — one decision moves every layer of a node at once. A leaf whose master mixes
+pipelines of different sync + optimizer floors is cut by the plan's sync + optimizer time (W cells,
+:func:`_w_split`; before pairs where the floors differ widely, else once no pair is left,
+:func:`_last_split`): the master charges each pipeline its own floor, the plan pays the largest.
 
 One best-first search does it all (:func:`best_first_bounds`): its leaves are ranges of pipeline
 counts (a run with Σ x ≤ P_hi and floors for P_lo replicas covers P_lo … P_hi) and, for one P, locality
