@@ -129,6 +129,14 @@ class Cluster:
                 return link.GBps * 1e9, link.latency_us * 1e-6
         return self.inter_GBps * 1e9, self.latency_us * 1e-6
 
+    def interchangeable(self, a: int, b: int) -> bool:
+        """Nodes ``a`` and ``b`` can swap places: same GPU type, count and own link, and the same
+        link to every other node (so swapping them maps any plan to one of equal cost)."""
+        na, nb = self.nodes[a], self.nodes[b]
+        if (na.gpu, na.count, self.node_link(a, a)) != (nb.gpu, nb.count, self.node_link(b, b)):
+            return False
+        return all(self.node_link(a, m) == self.node_link(b, m) for m in range(len(self.nodes)) if m not in (a, b))
+
     def total_peak_flops(self) -> float:
         return sum(self.gpu_types[n.gpu].peak_flops * n.count for n in self.nodes)
 

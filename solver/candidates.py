@@ -92,27 +92,16 @@ def synthetic_stage_cost(problem: PlanProblem, opt: StageOption, layers: int, *,
 
 
 def identical_node_groups(problem: PlanProblem) -> list[list[int]]:
-    """Groups of interchangeable nodes: same GPU type, count and intra link, and the same link to
-    every other node (so swapping them maps any plan to one of equal cost)."""
+    """Groups of interchangeable nodes (:meth:`~hexhelix.ir.cluster.Cluster.interchangeable`: a
+    relation that is transitive, so each node is compared with each group's first)."""
     cl = problem.cluster
-    n = len(cl.nodes)
-
-    def sig(a: int) -> tuple:
-        node = cl.nodes[a]
-        return (node.gpu, node.count, node.intra_GBps, node.intra_latency_us)
-
     groups: list[list[int]] = []
-    for a in range(n):
-        for g in groups:
-            b = g[0]
-            if sig(a) != sig(b):
-                continue
-            if all(cl.node_link(a, c) == cl.node_link(b, c) for c in range(n) if c not in (a, b)) and \
-                    cl.node_link(a, b) == cl.node_link(b, a):
-                g.append(a)
-                break
-        else:
+    for a in range(len(cl.nodes)):
+        g = next((g for g in groups if cl.interchangeable(a, g[0])), None)
+        if g is None:
             groups.append([a])
+        else:
+            g.append(a)
     return groups
 
 

@@ -138,16 +138,6 @@ def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[in
 MAX_VISIT = 2  # nodes a cell may require every pipeline to use (each doubles the pricing DP's states)
 
 
-def _twins(tables: CostTables, a: int, b: int) -> bool:
-    """Nodes a and b are interchangeable: same GPU type, count and own link, and the same link to
-    every other node (so swapping them maps plans to plans of the same iteration time)."""
-    cl = tables.problem.cluster
-    na, nb = cl.nodes[a], cl.nodes[b]
-    if (na.gpu, na.count, cl.node_link(a, a)) != (nb.gpu, nb.count, cl.node_link(b, b)):
-        return False
-    return all(cl.node_link(a, m) == cl.node_link(b, m) for m in range(len(cl.nodes)) if m not in (a, b))
-
-
 def _orbit(tables: CostTables, loc: Locality, node: int) -> list[int]:
     """``node`` and the nodes interchangeable with it on which the cell has decided nothing (docs
     §15, orbital branching): "some of them visited" is then "``node`` visited" up to a swap of
@@ -160,7 +150,7 @@ def _orbit(tables: CostTables, loc: Locality, node: int) -> list[int]:
 
     # twins of one node are twins of each other (their links to it and to each other are then equal)
     return [m for m in range(len(tables.problem.cluster.nodes))
-            if m == node or (free(m) and _twins(tables, node, m))]
+            if m == node or (free(m) and tables.problem.cluster.interchangeable(node, m))]
 
 
 def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int | None:

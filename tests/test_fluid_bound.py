@@ -84,15 +84,41 @@ def test_orbits_hold_the_undecided_interchangeable_nodes() -> None:
     assert _orbit(tables, Locality().with_spread(0, 1), 0) == [0]
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "examples" / "clusters").glob("*.yaml")))
+def test_node_groups_are_the_classes_of_the_interchangeable_relation(name: str) -> None:
+    """The planner's node groups (CP-SAT symmetry breaking, hexiscale's layout memo) and the fluid
+    search's orbits rest on one relation: two nodes share a group exactly when they are
+    interchangeable; a distinct link from one member to a third node takes it out of its group."""
+    from hexhelix.ir.cluster import Link
+    from hexhelix.solver.candidates import identical_node_groups
+
+    cl = load_cluster(ROOT / "examples" / "clusters" / f"{name}.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=8))
+    groups = identical_node_groups(pb)
+    group_of = {n: i for i, g in enumerate(groups) for n in g}
+    n = len(cl.nodes)
+    assert sorted(group_of) == list(range(n))
+    for a in range(n):
+        for b in range(n):
+            assert (group_of[a] == group_of[b]) == (a == b or cl.interchangeable(a, b)), (name, a, b)
+    big = next((g for g in groups if len(g) >= 2), None)
+    if big is not None and n > 2:
+        a, other = big[0], next(m for m in range(n) if m not in big[:2])
+        faster = dataclasses.replace(cl, links=(*cl.links, Link(a=cl.nodes[a].name, b=cl.nodes[other].name,
+                                                                       GBps=cl.inter_GBps * 3, latency_us=1.0)))
+        assert not faster.interchangeable(big[0], big[1])
+        split = identical_node_groups(dataclasses.replace(pb, cluster=faster))
+        assert not any(a in g and big[1] in g for g in split)
+
+
 def test_swapping_interchangeable_nodes_keeps_every_plans_iteration_time() -> None:
     """What orbital branching rests on: exchanging the two twin nodes (GPU ids and node indices) maps
     every plan to a plan of the same evaluated time; the slow node is not a twin of either."""
     from hexhelix.ir.plan import PipelinePlan, Plan, StagePlan
-    from hexhelix.solver.fluid_branch import _twins
 
     pb = twin_instance(1)
-    tables = build_tables(pb)
-    assert _twins(tables, 0, 1) and not _twins(tables, 0, 2)
+    cl = pb.cluster
+    assert cl.interchangeable(0, 1) and not cl.interchangeable(0, 2)
     gpu_swap = {0: 2, 1: 3, 2: 0, 3: 1}
     node_swap = {0: 1, 1: 0}
     checked = 0
