@@ -131,7 +131,6 @@ class _Floors:
         return w
 
 
-
 def _highs() -> highspy.Highs:
     """A silent single-threaded HiGHS: it prints its banner on stdout (would break --json output),
     and its scheduler is process-wide, so a later solve asking for another thread count than the
@@ -214,7 +213,7 @@ class _Master:
         columns: a warm-started simplex ends on another optimal basis of this degenerate LP, whose
         duals certify less (the pricing then stalls short of the master's value)."""
         N = len(self.caps)
-        self._model()
+        self._model()  # brings the columns' S, W and U (and the kept model) up to date
         S, W, _ = self._swu
         mask = S + W <= t
         live = [s for s, ok in zip(self.cols, mask) if ok]
