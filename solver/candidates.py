@@ -105,11 +105,6 @@ def identical_node_groups(problem: PlanProblem) -> list[list[int]]:
     return groups
 
 
-def _link_key(lk: cost.Link) -> float:
-    """The gradient-sync cost model's ordering of links (slowest = smallest), as in gradsync."""
-    return lk.bandwidth / (1 + lk.bandwidth * lk.latency)
-
-
 @dataclass(frozen=True, kw_only=True)
 class CostTables:
     """Tabulated per-option costs in seconds (the models scale them to integer ticks)."""
@@ -213,8 +208,8 @@ class CostTables:
         every = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
         out: dict[int, list[cost.Link]] = {}
         for a in range(n):
-            top = max(_link_key(cost.cluster_link(cl, a, b)) for b in range(n))
-            out[a] = [lk for lk in every if _link_key(lk) <= top]
+            top = max(cost.link_order(cost.cluster_link(cl, a, b)) for b in range(n))
+            out[a] = [lk for lk in every if cost.link_order(lk) <= top]
         return out
 
     def gpu_rate_bound(self) -> float:

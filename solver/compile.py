@@ -129,7 +129,7 @@ class CostEstimator:
         nbytes = elements * self.plan.problem.training.dtype_bytes
         nodes = sorted({self._node(r) for r in ranks})
         links = [cost.cluster_link(self._cluster, a, b) for a in nodes for b in nodes if a <= b]
-        slow = min(links, key=lambda lk: lk.bandwidth / (1 + lk.bandwidth * lk.latency))
+        slow = min(links, key=cost.link_order)
         return cost.collective_time(OpClass.ALL_REDUCE, len(ranks), nbytes, slow, self.profile), nbytes
 
     def optimizer(self, rank: int, program: Program) -> float:

@@ -78,6 +78,12 @@ class Link:
     latency: float
 
 
+def link_order(lk: Link) -> float:
+    """How the gradient-sync model ranks links, slowest first (smallest): bytes/s with the latency
+    charged once per byte-second, bandwidth / (1 + bandwidth·latency)."""
+    return lk.bandwidth / (1 + lk.bandwidth * lk.latency)
+
+
 def ring_factor(op_class: OpClass, n: int) -> float:
     """Bytes each GPU moves per byte of payload: ring all-reduce 2(n−1)/n, AG/RS (n−1)/n, P2P 1."""
     if op_class is OpClass.SEND_RECV:

@@ -165,20 +165,28 @@ class _Master:
         self.cols.append(s)
         return True
 
-    def _model(self) -> highspy.Highs:
-        """The HiGHS model with every column so far (rows: node capacities, then the pipeline count)."""
-        h = self._h
-        if h is None:
-            h = self._h = _highs()
-            inf = highspy.kHighsInf
-            for cap in (*self.caps, self.pmax):
-                h.addRow(-inf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    def _empty(self) -> highspy.Highs:
+        """A model with the master's rows (node capacities, then the pipeline count) and no column."""
+        h = _highs()
+        for cap in (*self.caps, self.pmax):
+            h.addRow(-highspy.kHighsInf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        return h
+
+    def _add_columns(self, h: highspy.Highs, cols: list[Shape], upper: float) -> None:
+        """Columns x_s ∈ [0, upper] at cost 0 (each solve sets its costs), one GPU count per node row."""
         N = len(self.caps)
-        new = self.cols[self._in_model:]
-        for s in new:
+        for s in cols:
             idx = [n for n in range(N) if s.gpus[n] > 0]
-            h.addCol(0.0, 0.0, 0.0, len(idx) + 1, np.array([*idx, N], dtype=np.int32),
+            h.addCol(0.0, 0.0, upper, len(idx) + 1, np.array([*idx, N], dtype=np.int32),
                      np.array([*(float(s.gpus[n]) for n in idx), 1.0]))
+
+    def _model(self) -> highspy.Highs:
+        """The kept HiGHS model with every column so far (not live until a solve says so)."""
+        if self._h is None:
+            self._h = self._empty()
+        h = self._h
+        new = self.cols[self._in_model:]
+        self._add_columns(h, new, 0.0)
         if new:
             self._swu = np.hstack([self._swu, np.array([[s.total, self.floors(s), s.bottleneck] for s in new]).T])
         self._in_model = len(self.cols)
@@ -219,16 +227,9 @@ class _Master:
         live = [s for s, ok in zip(self.cols, mask) if ok]
         if not live:
             return 0.0, np.zeros(N), 0.0
-        h = _highs()
-        inf = highspy.kHighsInf
-        for _ in live:
-            h.addVar(0.0, inf)
+        h = self._empty()
+        self._add_columns(h, live, highspy.kHighsInf)
         h.changeColsCost(len(live), np.arange(len(live), dtype=np.int32), -self._rates(t)[mask])
-        for n in range(N):
-            idx = np.array([i for i, s in enumerate(live) if s.gpus[n] > 0], dtype=np.int32)
-            h.addRow(-inf, float(self.caps[n]), len(idx), idx, np.array([live[i].gpus[n] for i in idx], dtype=float))
-        h.addRow(-inf, float(self.pmax), len(live),
-                 np.arange(len(live), dtype=np.int32), np.ones(len(live)))
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # e.g. fewer columns than P: no duals
             return 0.0, np.zeros(N), 0.0
@@ -521,9 +522,7 @@ def sync_lower_bound(tables: CostTables, pipelines: int) -> float:
     if n > 1 and pipelines > max(node.count for node in cl.nodes):
         # the P holders of a piece (one GPU per pipeline) cannot share one node: their slowest link
         # is no faster than the fastest link between two nodes (gradsync's ordering)
-        def key(lk: cost.Link) -> float:
-            return lk.bandwidth / (1 + lk.bandwidth * lk.latency)
-
+        key = cost.link_order
         links = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
         top = max(key(cost.cluster_link(cl, a, b)) for a in range(n) for b in range(n) if a != b)
         payload = share * tables.problem.training.dtype_bytes

@@ -52,7 +52,7 @@ def _slowest_link(cl: Cluster, nodes: tuple[int, ...]) -> cost.Link:
     in their first-met order, so ties resolve as over the full list."""
     pairs = dict.fromkeys((a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:])
     links = [cost.cluster_link(cl, a, b) for a, b in pairs]
-    return min(links, key=lambda lk: lk.bandwidth / (1 + lk.bandwidth * lk.latency))
+    return min(links, key=cost.link_order)
 
 
 def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:

@@ -36,7 +36,7 @@ import numpy as np
 from hexhelix.ir.opgraph import OpClass
 
 from . import cost
-from .candidates import CostTables, StageOption, _link_key
+from .candidates import CostTables, StageOption
 
 __all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "fits_visits", "stage_extras", "stage_w"]
 
@@ -115,8 +115,8 @@ def class_links(tables: CostTables, node: int) -> dict[int, list[cost.Link]]:
     every = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
     out = {OPEN: tables.admissible_links(node), LOCAL: [cost.cluster_link(cl, node, node)]}
     if n > 1:
-        top = max(_link_key(cost.cluster_link(cl, node, b)) for b in range(n) if b != node)
-        out[SPREAD] = [lk for lk in every if _link_key(lk) <= top]
+        top = max(cost.link_order(cost.cluster_link(cl, node, b)) for b in range(n) if b != node)
+        out[SPREAD] = [lk for lk in every if cost.link_order(lk) <= top]
     else:
         out[SPREAD] = []  # one node: holders cannot span two nodes, a spread layer cannot be held
     return out
