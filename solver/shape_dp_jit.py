@@ -33,43 +33,52 @@ AVAILABLE = importlib.util.find_spec("numba") is not None
 _compiled: Callable | None = None
 
 
-def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base: np.ndarray,
+def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wcaps: np.ndarray, pen_base: np.ndarray,
               u_mid: np.ndarray, u_first: np.ndarray, u_last: np.ndarray, u_single: np.ndarray,
               onode: np.ndarray, snode: np.ndarray, smask: np.ndarray, ns: np.ndarray, fresh_to: np.ndarray,
               last_state: np.ndarray, single_ok: np.ndarray, full: np.ndarray, full_fresh: np.ndarray,
               full_mask: int, has_w: bool,
               w_mid: np.ndarray, w_mid_full: np.ndarray, w_first: np.ndarray, w_first_full: np.ndarray,
               w_last: np.ndarray, w_single: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each cap k: min S + weights[k]·π·g over shapes with every u ≤ caps[k] (and w ≤ wcaps[k]);
-    returns the values (inf: none), the argmin's stages as (option, layers) rows and their count.
+    """For each cap k: min S + weights[k]·π·g over shapes with every u ≤ caps[k] (and w ≤ wcaps[k]),
+    with ``lows`` also some u > lows[k] (the bottleneck above the box's floor); returns the values
+    (inf: none), the argmin's stages as (option, layers) rows and their count.
 
     A stage of option c before a suffix on another node starts a fresh run whose state depends only
     on c and the suffix's mask, and its time only on the suffix's node: those transitions read the
-    best suffix per (node, mask) — N·masks candidates instead of every state. The four scans over a
-    stage's length (extend a run | start one, in the middle | first) are written out, not shared
-    through a helper: a compiled helper, inlined or not, measured 1.5× slower per cap."""
+    best suffix per (node, mask) — N·masks candidates instead of every state. With ``lows`` each
+    state has a flag: f = 0 once some stage of the suffix exceeds the low cap, 1 before (a shape
+    counts only with f = 0); without, every suffix has f = 0. The four scans over a stage's length
+    (extend a run | start one, in the middle | first) are written out, not shared through a helper:
+    a compiled helper, inlined or not, measured 1.5× slower per cap."""
     K = caps.shape[0]
     C, L = u_last.shape
     S = snode.shape[0]
     N = u_mid.shape[2]
     Mk = fresh_to.shape[1]
+    has_low = lows is not None  # typed None: numba compiles the plain DP apart, without the flag's work
+    nf = 2 if has_low else 1
     inf = math.inf
     vals = np.full(K, inf)
     stages = np.zeros((K, L, 2), dtype=np.int64)
     counts = np.zeros(K, dtype=np.int64)
-    G = np.empty((L + 1, S))
-    bc = np.empty((L + 1, S), dtype=np.int64)   # option of the stage starting at layer j in state s
-    bl = np.empty((L + 1, S), dtype=np.int64)   # its layers
-    bs = np.empty((L + 1, S), dtype=np.int64)   # the state after it (−1: it is the last stage)
-    best_g = np.empty((L + 1, N, Mk))           # least G[j] over the states of node a with mask m
-    arg_g = np.empty((L + 1, N, Mk), dtype=np.int64)
+    G = np.empty((L + 1, nf, S))
+    bc = np.empty((L + 1, nf, S), dtype=np.int64)   # option of the stage starting at layer j in state s, flag f
+    bl = np.empty((L + 1, nf, S), dtype=np.int64)   # its layers
+    bs = np.empty((L + 1, nf, S), dtype=np.int64)   # the state after it (−1: it is the last stage)
+    bf = np.empty((L + 1, nf, S), dtype=np.int64)   # the flag after it
+    best_g = np.empty((L + 1, nf, N, Mk))           # least G[j, f] over the states of node a with mask m
+    arg_g = np.empty((L + 1, nf, N, Mk), dtype=np.int64)
     pen = np.empty(C)
     for k in range(K):
         cap, wcap = caps[k], wcaps[k]
+        low = -inf
+        if lows is not None:
+            low = lows[k]
         for c in range(C):
             pen[c] = weights[k] * pen_base[c]
-        G[:, :] = inf
-        best_g[:, :, :] = inf
+        G[:, :, :] = inf
+        best_g[:, :, :, :] = inf
         for j in range(L - 1, 0, -1):
             span = L - j
             for c in range(C):  # c is the last stage, layers j … L−1
@@ -77,9 +86,10 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
                 u = u_last[c, span - 1]
                 if s < 0 or u > cap or (has_w and w_last[c, j, span - 1] > wcap):
                     continue
+                f = 0 if u > low else 1
                 v = u + pen[c]
-                if v < G[j, s]:
-                    G[j, s], bc[j, s], bl[j, s], bs[j, s] = v, c, span, -1
+                if v < G[j, f, s]:
+                    G[j, f, s], bc[j, f, s], bl[j, f, s], bs[j, f, s], bf[j, f, s] = v, c, span, -1, 0
             for c in range(C):
                 nc = onode[c]
                 for s2 in range(S):  # c extends the run of the suffix state s2 (same node)
@@ -91,16 +101,22 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
                         u = u_mid[c, ell - 1, nc]
                         if u > cap:  # longer stages only take longer (inf beyond the memory cap)
                             break
-                        g = G[j + ell, s2]
-                        if g == inf:
+                        g0 = G[j + ell, 0, s2]
+                        g1 = G[j + ell, 1, s2] if has_low else inf
+                        if g0 == inf and g1 == inf:
                             continue
                         if has_w:
                             w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
                             if w > wcap:
                                 continue
-                        v = u + g + pen[c]
-                        if v < G[j, s1]:
-                            G[j, s1], bc[j, s1], bl[j, s1], bs[j, s1] = v, c, ell, s2
+                        v = u + g0 + pen[c]
+                        if v < G[j, 0, s1]:
+                            G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1], bs[j, 0, s1], bf[j, 0, s1] = v, c, ell, s2, 0
+                        if g1 < inf:
+                            f = 0 if u > low else 1
+                            v = u + g1 + pen[c]
+                            if v < G[j, f, s1]:
+                                G[j, f, s1], bc[j, f, s1], bl[j, f, s1], bs[j, f, s1], bf[j, f, s1] = v, c, ell, s2, 1
                 fl = full_fresh[c]
                 for a in range(N):  # c starts a fresh run before a suffix on node a
                     if a == nc:
@@ -113,28 +129,37 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
                             u = u_mid[c, ell - 1, a]
                             if u > cap:
                                 break
-                            g = best_g[j + ell, a, m]
-                            if g == inf:
+                            g0 = best_g[j + ell, 0, a, m]
+                            g1 = best_g[j + ell, 1, a, m] if has_low else inf
+                            if g0 == inf and g1 == inf:
                                 continue
                             if has_w:
                                 w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
                                 if w > wcap:
                                     continue
-                            v = u + g + pen[c]
-                            if v < G[j, s1]:
-                                G[j, s1], bc[j, s1], bl[j, s1], bs[j, s1] = v, c, ell, arg_g[j + ell, a, m]
-            for s in range(S):
-                if G[j, s] < best_g[j, snode[s], smask[s]]:
-                    best_g[j, snode[s], smask[s]] = G[j, s]
-                    arg_g[j, snode[s], smask[s]] = s
-        best, bc0, bl0, bs0 = inf, -1, 0, -1
+                            v = u + g0 + pen[c]
+                            if v < G[j, 0, s1]:
+                                G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1] = v, c, ell
+                                bs[j, 0, s1], bf[j, 0, s1] = arg_g[j + ell, 0, a, m], 0
+                            if g1 < inf:
+                                f = 0 if u > low else 1
+                                v = u + g1 + pen[c]
+                                if v < G[j, f, s1]:
+                                    G[j, f, s1], bc[j, f, s1], bl[j, f, s1] = v, c, ell
+                                    bs[j, f, s1], bf[j, f, s1] = arg_g[j + ell, 1, a, m], 1
+            for f in range(nf):
+                for s in range(S):
+                    if G[j, f, s] < best_g[j, f, snode[s], smask[s]]:
+                        best_g[j, f, snode[s], smask[s]] = G[j, f, s]
+                        arg_g[j, f, snode[s], smask[s]] = s
+        best, bc0, bl0, bs0, bf0 = inf, -1, 0, -1, 0
         for c in range(C):  # one stage holds everything
             u = u_single[c, L - 1]
-            if not single_ok[c] or u > cap or (has_w and w_single[c, 0, L - 1] > wcap):
+            if not single_ok[c] or u > cap or u <= low or (has_w and w_single[c, 0, L - 1] > wcap):
                 continue
             v = u + pen[c]
             if v < best:
-                best, bc0, bl0, bs0 = v, c, L, -1
+                best, bc0, bl0, bs0, bf0 = v, c, L, -1, 0
         for c in range(C):  # c is the first stage, layers 0 … ℓ−1: the shape then uses every required node
             nc = onode[c]
             for s2 in range(S):
@@ -146,16 +171,20 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
                     u = u_first[c, ell - 1, nc]
                     if u > cap:
                         break
-                    g = G[ell, s2]
-                    if g == inf:
+                    g0 = G[ell, 0, s2]
+                    g1 = G[ell, 1, s2] if has_low and u > low else inf  # the first stage lifts the flag
+                    if g0 == inf and g1 == inf:
                         continue
                     if has_w:
                         w = w_first_full[c, 0, ell - 1] if fl else w_first[c, 0, ell - 1]
                         if w > wcap:
                             continue
-                    v = u + g + pen[c]
+                    if g0 <= g1:
+                        v, f = u + g0 + pen[c], 0
+                    else:
+                        v, f = u + g1 + pen[c], 1
                     if v < best:
-                        best, bc0, bl0, bs0 = v, c, ell, s2
+                        best, bc0, bl0, bs0, bf0 = v, c, ell, s2, f
             fl = full_fresh[c]
             for a in range(N):
                 if a == nc:
@@ -168,27 +197,31 @@ def _dp_batch(caps: np.ndarray, weights: np.ndarray, wcaps: np.ndarray, pen_base
                         u = u_first[c, ell - 1, a]
                         if u > cap:
                             break
-                        g = best_g[ell, a, m]
-                        if g == inf:
+                        g0 = best_g[ell, 0, a, m]
+                        g1 = best_g[ell, 1, a, m] if has_low and u > low else inf
+                        if g0 == inf and g1 == inf:
                             continue
                         if has_w:
                             w = w_first_full[c, 0, ell - 1] if fl else w_first[c, 0, ell - 1]
                             if w > wcap:
                                 continue
-                        v = u + g + pen[c]
+                        if g0 <= g1:
+                            v, f = u + g0 + pen[c], 0
+                        else:
+                            v, f = u + g1 + pen[c], 1
                         if v < best:
-                            best, bc0, bl0, bs0 = v, c, ell, arg_g[ell, a, m]
+                            best, bc0, bl0, bs0, bf0 = v, c, ell, arg_g[ell, f, a, m], f
         if best == inf:
             continue
         vals[k] = best
-        n, c, ell, s, j = 0, bc0, bl0, bs0, 0
+        n, c, ell, s, f, j = 0, bc0, bl0, bs0, bf0, 0
         while True:
             stages[k, n, 0], stages[k, n, 1] = c, ell
             n += 1
             j += ell
             if s < 0:
                 break
-            c, ell, s = bc[j, s], bl[j, s], bs[j, s]
+            c, ell, s, f = bc[j, f, s], bl[j, f, s], bs[j, f, s], bf[j, f, s]
         counts[k] = n
     return vals, stages, counts
 

@@ -2,9 +2,9 @@
 
 A *shape* is an ordered list of stages (option c = node and TP degree, ℓ ≥ 1 layers) with its sum
 S = Σ u_k and bottleneck U = max u_k of the evaluator's tabulated stage times. :class:`ShapePricer`
-finds, for batches of caps on u (and optionally on w), the shape minimising S + w·π·g (π = node
-multipliers, g = GPUs used per node) by a vectorised backward DP over (layers covered, node of the
-next stage and GPUs its run of consecutive stages on that node uses).
+finds, for batches of caps on u (and optionally on w, and a floor on U), the shape minimising
+S + w·π·g (π = node multipliers, g = GPUs used per node) by a vectorised backward DP over (layers
+covered, node of the next stage and GPUs its run of consecutive stages on that node uses).
 
 *Extras* (w): per-stage floors on the plan's gradient-sync plus optimizer seconds for a given number
 of pipelines and layer locality (:mod:`.stage_floors`); the DP can cap them like u.
@@ -183,10 +183,13 @@ class ShapePricer:
         self._no_extras = StageExtras(mid=z, first=z, last=z, single=z, mid_full=z, first_full=z)
 
     def solve(self, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
-              wcaps: np.ndarray | None = None, extras: StageExtras | None = None) -> tuple[np.ndarray, list]:
+              wcaps: np.ndarray | None = None, extras: StageExtras | None = None,
+              lows: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """For each k: min over shapes with every u ≤ caps[k] (and every run of consecutive stages on
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
-        the values (inf when no shape fits) and the argmin shapes (None when infeasible). States:
+        the values (inf when no shape fits) and the argmin shapes (None when infeasible). ``lows``:
+        only shapes with U > lows[k] (a box's floor, so its argmin lies in it) — the compiled engine
+        only; the numpy oracle leaves them out, which relaxes the minimum (still a lower bound). States:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
         every shape the stages from there on use: only shapes using all of them, within their room,
         are admitted — :func:`.stage_floors.fits_visits`)."""
@@ -213,19 +216,21 @@ class ShapePricer:
             hit = self._full[(key, room)] = (full, full_fresh)
         full, full_fresh = hit
         if self.engine == "jit":
-            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh)
+            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh, lows)
         return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
                    wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
-                   full_fresh: np.ndarray) -> tuple[np.ndarray, list]:
+                   full_fresh: np.ndarray, lows: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """:meth:`solve` by the compiled loops of :mod:`.shape_dp_jit`."""
         K = len(caps)
+        has_low = lows is not None and bool(np.any(np.asarray(lows) > -math.inf))
+        lk = np.asarray(lows, dtype=float) if has_low else None
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
         none = self._no_extras
         ex = extras if extras is not None else none
         vals, rows, counts = shape_dp_jit.solve_batch(
-            caps, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
+            caps, lk, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
             self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
             st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
             (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,

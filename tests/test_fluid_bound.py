@@ -266,6 +266,43 @@ def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them
 
 
 @pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes_above_it(seed: int) -> None:
+    """A box U ∈ (lo, cap] of the certificate: the compiled DP's minimum of S + π·g over shapes with
+    every u ≤ cap and some u > lo equals the minimum over the enumerated shapes whose bottleneck lies
+    there (also in cells that require nodes), its argmin lies in the box, and no low is no floor."""
+    rng = np.random.default_rng(seed)
+    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
+    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}
+    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
+    pb = PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+    tables = build_tables(pb)
+    pr = ShapePricer(tables, engine="jit")
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
+    us = np.array(sorted({s.bottleneck for s in shapes}))
+    pi = rng.uniform(0.0, 0.05, len(pb.cluster.nodes))
+    boxes = [(lo, hi) for lo, hi in itertools.combinations(np.quantile(us, [0.0, 0.2, 0.4, 0.6, 0.9, 1.0]), 2)]
+    boxes += [(us[i], us[i]) for i in (0, len(us) // 2)]  # empty: U > lo = cap
+    boxes += [(us[i] * (1 - 1e-9), us[i]) for i in (0, len(us) // 3)]  # just one U value
+    for visit in ((), (1,), (0, 2)):
+        ex = pr.extras(2, Locality(visit=frozenset(visit)))
+        los, his = np.array([b[0] for b in boxes]), np.array([b[1] for b in boxes])
+        vals, found = pr.solve(his, np.ones(len(boxes)), pi, extras=ex, lows=los)
+        plain, _ = pr.solve(his, np.ones(len(boxes)), pi, extras=ex)
+        unbounded, _ = pr.solve(his, np.ones(len(boxes)), pi, extras=ex, lows=np.full(len(boxes), -math.inf))
+        np.testing.assert_array_equal(unbounded, plain)
+        for k, (lo, hi) in enumerate(boxes):
+            fits = [s for s in shapes if lo < s.bottleneck <= hi and fits_visits(s.stages, ex, pr.node_list, pr.tp_list)]
+            true = min((s.total + pi @ np.array(s.gpus) for s in fits), default=math.inf)
+            assert vals[k] == pytest.approx(true, rel=1e-9, abs=1e-12), (visit, lo, hi)
+            assert vals[k] >= plain[k]
+            if fits:
+                assert lo < found[k].bottleneck <= hi
+            else:
+                assert found[k] is None
+
+
+@pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
 @pytest.mark.parametrize("cluster", ["small-mixed", "mixed-a100-a40-t4", "hexiscale-het1"])
 def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
     """The compiled DP (solver/shape_dp_jit.py) returns the numpy DP's values, under caps on u and w,
