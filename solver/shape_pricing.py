@@ -189,7 +189,7 @@ class ShapePricer:
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
         the values (inf when no shape fits) and the argmin shapes (None when infeasible). ``lows``:
         only shapes with U > lows[k] (a box's floor, so its argmin lies in it) — the compiled engine
-        only; the numpy oracle leaves them out, which relaxes the minimum (still a lower bound). States:
+        only; the numpy oracle ignores the floor, which relaxes the minimum (still a lower bound). States:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
         every shape the stages from there on use: only shapes using all of them, within their room,
         are admitted — :func:`.stage_floors.fits_visits`)."""
