@@ -237,6 +237,15 @@ def _runs_fit(tables, s) -> bool:
     return True
 
 
+def three_node_problem() -> PlanProblem:
+    """Three nodes of 2, 3 and 1 GPUs and a 3-layer model: shapes whose runs re-enter nodes, few
+    enough to enumerate."""
+    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
+    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}
+    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
+    return PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them(seed: int) -> None:
     """A cell that requires every pipeline to use a GPU of some nodes (docs §15): the DP's minimum of
@@ -244,10 +253,7 @@ def test_pricing_that_requires_nodes_equals_the_enumeration_of_shapes_using_them
     those nodes within their room (with two pipelines: one GPU of the 2-GPU node, in one run; at
     most two consecutive of the 3-GPU node; none of the 1-GPU node), and its argmin is one of them."""
     rng = np.random.default_rng(seed)
-    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
-    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}  # three nodes: runs re-enter nodes
-    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
-    pb = PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+    pb = three_node_problem()
     tables = build_tables(pb)
     pr = pricer_for(tables)
     shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
@@ -272,10 +278,7 @@ def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes
     every u ≤ cap and some u > lo equals the minimum over the enumerated shapes whose bottleneck lies
     there (also in cells that require nodes), its argmin lies in the box, and no low is no floor."""
     rng = np.random.default_rng(seed)
-    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=1024, layers=3, inter=5.0)
-    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}
-    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
-    pb = PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+    pb = three_node_problem()
     tables = build_tables(pb)
     pr = ShapePricer(tables, engine="jit")
     shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
