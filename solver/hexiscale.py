@@ -19,6 +19,9 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    and memory are the evaluator's own, probed as affine functions of the layer count);
    :func:`allocate_micro_batches` gives the exact min-max split of the global batch's micro-batches
    over pipelines (greedy on increasing functions), alternated twice with the layer assignment.
+   Phase 2 asks for ten thousand layouts at 40–56 GPUs: after the first ``COMPILED_AFTER`` the
+   numba-compiled form (:mod:`~hexhelix.solver.layer_assign_jit`, the same counts) takes them over
+   — hexiscale-het3 ~7 → ~3.5 s; small problems never pay numba's import.
 4. **Outer search** — pipeline counts P = 1 … 8, then in steps of ~25 % up to a memory/batch
    bound, deterministically, stopping after ``patience`` counts without improvement. A candidate whose
    gradient sync matters and whose pipelines alone beat the best so far gets sync-aware layer counts
@@ -62,6 +65,8 @@ from .layer_assign import (
     assign_layers,
     tp_splits,
 )
+from .layer_assign_jit import AVAILABLE as COMPILED_AVAILABLE
+from .layer_assign_jit import assign_layers_compiled
 from .megatron import plan_megatron
 from .partition import EDGE_WEIGHTINGS, group_by_node, grouped_stripes, partition_pipelines
 from .result import SolveResult, SolveStatus
@@ -74,6 +79,7 @@ logger = logging.getLogger(__name__)
 POLISH_S = 2.0     # default time budget of the final hill climbing (seconds)
 MEGATRON_SEED_MAX_GPUS = 128  # the uniform-shape candidates are added up to this cluster size
 _EXHAUSTIVE = 256  # TP-split combinations per pipeline below which all are tried (else coordinate descent)
+COMPILED_AFTER = 1000  # layouts in numpy before the compiled form takes over (numba's import costs ~0.5 s)
 
 
 def min_stage_layers(problem: PlanProblem) -> int:
@@ -127,8 +133,10 @@ class _PipelineSolver:
         key = (tuple(p.time1 for p in pt), tuple(p.time0 for p in pt),
                tuple(mem if caps is None else [min(a, b) for a, b in zip(mem, caps)]), m)
         if key not in self._layouts:  # the search meets the same stage costs again and again (~3 in 4 on het3)
-            self._layouts[key] = assign_layers(key[0], key[1], key[2], self.problem.model.layers, m,
-                                               min_stage_layers(self.problem))
+            # both forms give the same counts; only searches that need many layouts pay numba's import
+            assign = assign_layers_compiled if COMPILED_AVAILABLE and len(self._layouts) >= COMPILED_AFTER else assign_layers
+            self._layouts[key] = assign(key[0], key[1], key[2], self.problem.model.layers, m,
+                                        min_stage_layers(self.problem))
         self._by_stages[skey] = self._layouts[key]
         return self._layouts[key]
 

@@ -4,7 +4,7 @@ heuristic (:mod:`.hexiscale`), usable on their own.
 * :class:`StageCostTable` probes a stage's time and memory from the evaluator as affine functions of
   its layer count;
 * :func:`assign_layers` gives the exact minimum of (m−1)·max_k u_k + Σ_k u_k over contiguous layer
-  counts with per-stage memory caps;
+  counts with per-stage memory caps (compiled in :mod:`.layer_assign_jit`, this one the oracle);
 * :func:`allocate_micro_batches` gives the exact min-max split of the micro-batches over pipelines;
 * :func:`tp_splits` lists the compositions of a machine block's GPUs into TP degrees.
 """
@@ -26,6 +26,7 @@ from .evaluate import stage_cost
 __all__ = ["Stage", "StageCostTable", "StageProbe", "allocate_micro_batches", "assign_layers", "tp_splits"]
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
+TIE_REL = 1e-12  # layer counts whose pipeline times differ by less (relative) are ties: the first one wins
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,10 @@ def assign_layers(time1: Sequence[float], time0: Sequence[float], caps: Sequence
     cnt[:, order] = take + lo
     u = cnt * a[None, :] + b[None, :]
     obj = (micro_batches - 1) * u.max(axis=1) + u.sum(axis=1)
-    best = int(np.argmin(obj))
+    # the first (lowest bottleneck) within TIE_REL of the least: equal times in exact arithmetic may
+    # differ in the last bit with the order of the sum, and the compiled form must choose alike
+    least = obj.min()
+    best = int(np.argmax(obj <= least + TIE_REL * abs(least)))
     return tuple(int(x) for x in cnt[best]), float(obj[best])
 
 
