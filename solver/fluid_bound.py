@@ -414,8 +414,9 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
         # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
         lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in boxes], J) if whole else None
-        vals, shapes = pr.solve(np.repeat([b[1] for b in boxes], J), lam.ravel(), pi,
-                                np.repeat([b[3] for b in boxes], J), extras, lows)
+        his, bs = np.array([b[1] for b in boxes]), np.array([b[3] for b in boxes])
+        vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
+                                bs if J == 1 else np.repeat(bs, J), extras, lows)
         vals = vals.reshape(len(boxes), J)
         for i, box in enumerate(boxes):
             s = shapes[i * J + one]

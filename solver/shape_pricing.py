@@ -179,6 +179,7 @@ class ShapePricer:
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
+        self._w_memo: dict[int, tuple[StageExtras, dict[tuple, float]]] = {}  # stage_w per floor table
         z = np.zeros((1, 1, 1))  # placeholders the compiled DP never reads when it has no extras
         self._no_extras = StageExtras(mid=z, first=z, last=z, single=z, mid_full=z, first_full=z)
 
@@ -385,8 +386,20 @@ class ShapePricer:
         return hit
 
     def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras, *, joint: bool = True) -> float:
-        """W = max over the stages of w (:func:`.stage_floors.stage_w`)."""
-        return stage_w(stages, extras, self.node_list, self.tp_list, joint=joint)
+        """W = max over the stages of w (:func:`.stage_floors.stage_w`), remembered per floor table:
+        the certificates of one run (and of a resumed leaf) meet the same shapes again and again."""
+        held = self._w_memo.get(id(extras))
+        if held is None or held[0] is not extras:  # (the table itself is kept: its id is not reused)
+            if len(self._w_memo) > 64:
+                self._w_memo.clear()
+            held = self._w_memo[id(extras)] = (extras, {})
+        memo = held[1]
+        w = memo.get((stages, joint))
+        if w is None:
+            if len(memo) > 200_000:
+                memo.clear()
+            w = memo[(stages, joint)] = stage_w(stages, extras, self.node_list, self.tp_list, joint=joint)
+        return w
 
 
 def shape_of_pipeline(tables: CostTables, plan: Plan, p: int) -> Shape:
