@@ -48,48 +48,51 @@ def _scan(a: np.ndarray, b: np.ndarray, cap: np.ndarray, layers: int, micro_batc
         order[j] = i
     n = K * layers
     ub = np.empty(K, np.int64)
-    cnt = np.empty((n, K), np.int64)
+    cnt = np.empty(K, np.int64)
     obj = np.full(n, np.inf)
-    cand = np.empty(n)
     spare = layers - K * lo
-    for c in range(n):
-        U = (c % layers + 1) * a[c // layers] + b[c // layers]   # candidate bottleneck: some stage's time
-        cand[c] = U
-        total, ok = 0, True
-        for k in range(K):
-            if a[k] > 0:
-                x = np.floor((U - b[k]) / a[k] + 1e-9)
-                u = cap[k] if x >= cap[k] else int(x)
-            else:
-                u = min(layers, cap[k])
-            if u < lo:
-                ok = False
-                break
-            ub[k] = u
-            total += u
-        if not ok or total < layers:
-            continue
-        before = 0
-        for i in range(K):                  # cheapest stages first, each up to its cap
-            k = order[i]
-            extra = ub[k] - lo
-            take = min(max(spare - before, 0), extra)
-            cnt[c, k] = take + lo
-            before += extra
-        umax, usum = -np.inf, 0.0
-        for k in range(K):
-            t = cnt[c, k] * a[k] + b[k]
-            usum += t
-            umax = max(umax, t)
-        obj[c] = (micro_batches - 1) * umax + usum
-    least = obj.min()
-    if least == np.inf:
-        return none, np.inf
     pick = -1
-    for c in range(n):
-        if obj[c] <= least + TIE_REL * abs(least) and (pick < 0 or cand[c] < cand[pick]):
-            pick = c
-    return cnt[pick].copy(), obj[pick]
+    for phase in range(2):                    # 0: every candidate's time; 1: the counts of the pick again
+        for c in range(0, n) if phase == 0 else range(pick, pick + 1):
+            U = (c % layers + 1) * a[c // layers] + b[c // layers]   # candidate bottleneck: a stage's time
+            total, ok = 0, True
+            for k in range(K):
+                if a[k] > 0:
+                    x = np.floor((U - b[k]) / a[k] + 1e-9)
+                    u = cap[k] if x >= cap[k] else int(x)
+                else:
+                    u = min(layers, cap[k])
+                if u < lo:
+                    ok = False
+                    break
+                ub[k] = u
+                total += u
+            if not ok or total < layers:
+                continue
+            before = 0
+            for i in range(K):                # cheapest stages first, each up to its cap
+                k = order[i]
+                extra = ub[k] - lo
+                take = min(max(spare - before, 0), extra)
+                cnt[k] = take + lo
+                before += extra
+            umax, usum = -np.inf, 0.0
+            for k in range(K):
+                t = cnt[k] * a[k] + b[k]
+                usum += t
+                umax = max(umax, t)
+            obj[c] = (micro_batches - 1) * umax + usum
+        if phase == 0:
+            least = obj.min()
+            if least == np.inf:
+                return none, np.inf
+            best_u = np.inf
+            for c in range(n):                # within TIE_REL of the least: the lowest bottleneck
+                if obj[c] <= least + TIE_REL * abs(least):
+                    U = (c % layers + 1) * a[c // layers] + b[c // layers]
+                    if U < best_u:
+                        best_u, pick = U, c
+    return cnt.copy(), obj[pick]
 
 
 def assign_layers_compiled(time1: Sequence[float], time0: Sequence[float], caps: Sequence[int], layers: int,

@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 
+import networkx as nx
 import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
@@ -31,6 +32,8 @@ from hexhelix.solver.layer_assign import (
 from hexhelix.solver.layer_assign_jit import assign_layers_compiled
 from hexhelix.solver.megatron import plan_megatron
 from hexhelix.solver.partition import (
+    EDGE_WEIGHTINGS,
+    _csr,
     coarsen,
     edge_weight,
     group_by_node,
@@ -75,6 +78,35 @@ def test_metis_weights_strictly_positive_for_fast_links():
         parts = partition_pipelines(g, k, seed=1)
         assert len(parts) == k and all(parts)
         assert sorted(itertools.chain(*parts)) == list(range(32))
+
+
+def test_metis_csr_is_the_induced_subgraph_in_the_given_order(examples_dir):
+    # the spec, one edge at a time: neighbours in the order of ``nodes``, weights by edge_weight
+    def reference(graph, nodes, weighting):
+        index = {v: i for i, v in enumerate(nodes)}
+        min_bw = min((d["bandwidth"] for a, b, d in graph.edges(nodes, data=True) if a in index and b in index),
+                     default=1.0)
+        xadj, adj, ew = [0], [], []
+        for v in nodes:
+            for u in sorted((u for u in graph.adj[v] if u in index), key=index.get):
+                adj.append(index[u])
+                ew.append(edge_weight(graph.edges[v, u]["bandwidth"], weighting, min_bw))
+            xadj.append(len(adj))
+        return xadj, adj, ew, [max(1, round(10 * graph.nodes[v].get("tflops", 1.0))) for v in nodes]
+
+    rng = random.Random(4)
+    graphs = [_fast_cluster().device_graph(), load_cluster(examples_dir / "clusters" / "mixed-a100-a40-t4.yaml").device_graph()]
+    sparse = nx.gnp_random_graph(12, 0.4, seed=2)           # not complete: missing edges stay missing
+    for a, b in sparse.edges:
+        sparse.edges[a, b]["bandwidth"] = rng.choice([5e9, 12e9, 25e9, 300e9, rng.uniform(1e9, 5e11)])
+    graphs.append(sparse)
+    for g in graphs:
+        for _ in range(6):
+            nodes = rng.sample(list(g.nodes), rng.randint(1, g.number_of_nodes()))
+            for weighting in EDGE_WEIGHTINGS:
+                assert _csr(g, nodes, weighting) == reference(g, nodes, weighting)
+    with pytest.raises(ValueError, match="weighting"):
+        _csr(sparse, [0, 1], "cubic")
 
 
 def test_phase1_reciprocal_makes_vertical_slices_and_bandwidth_machine_aligned():
