@@ -244,7 +244,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
                       deadline: float | None = None, rel_tol: float = 1e-4, max_iterations: int = 200,
                       pool: tuple[Shape, ...] = (), locality: Locality = NO_LOCALITY,
                       whole: bool = False, integral: bool = True, lb_s: float = 0.0,
-                      w_cap: float = math.inf) -> FluidResult:
+                      w_cap: float = math.inf, exact_whole: bool = False) -> FluidResult:
     """Seconds: a valid lower bound on the iteration time of every plan with P pipelines,
     ``replicas`` ≤ P ≤ ``pmax`` (module docstring), given ``rest_s`` ≤ sync + optimizer of every such plan.
 
@@ -259,7 +259,9 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     whole-batch master and certificate (module docstring); ``whole`` starts there (a resumed run).
     ``lb_s``: a bound already proven for these plans (a resumed run: pricing starts as tight as the
     gap it left, not from scratch). ``w_cap``: only plans whose sync + optimizer time is at most this
-    (a W cell of :mod:`.fluid_branch`; shapes whose floor W exceeds it are left out).
+    (a W cell of :mod:`.fluid_branch`; shapes whose floor W exceeds it are left out). ``exact_whole``:
+    the whole-batch certificate prices its narrow boxes exactly, by Pareto labels (:func:`certificate`;
+    slower per certificate, so the search keeps it for leaves nothing else can raise).
     """
     pr = pricer_for(tables)
     M = tables.micro_batches
@@ -296,7 +298,8 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 and not retry else 0.1 * rel_tol
         retry = False
         cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, rel=rel, replicas=replicas,
-                                       rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap)
+                                       rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap,
+                                       exact_whole=exact_whole)
         duals = (tuple(pi.tolist()), mu)
         lb = max(lb, min(cert, upper_s))
         logger.debug("fluid iteration %d: master %.6g s, bound %.6g s, %d new columns, pricing %s", it, est, lb,
@@ -340,15 +343,20 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
 
 
 LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
+LABEL_SPAN = 0.05  # whole-batch boxes with hi ≤ lo·(1 + this) (and their halves) are priced by labels
 
 
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
                  deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
                  rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
-                 whole: bool = False, w_cap: float = math.inf) -> tuple[float, list[Shape], bool]:
+                 whole: bool = False, w_cap: float = math.inf,
+                 exact_whole: bool = False) -> tuple[float, list[Shape], bool]:
     """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
     over boxes of (U, W); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes of (U, W, π·g)
-    (:func:`_box_bound`; a box flat in all three is a Lagrangian bound, so the search stops unclosed).
+    (:func:`_box_bound`; a box flat in all three is a Lagrangian bound, so the search stops
+    unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U (hi ≤
+    lo·(1 + LABEL_SPAN)) or flat in U and W, whose floor term is then exact (Pareto labels of S and
+    π·g, :meth:`.ShapePricer.solve_whole`): slower, kept for leaves nothing else can raise.
 
     Box U ∈ (lo, hi], W ∈ (a, b]: every shape in it has value ≥ DP(hi, b; lo) + max(a, R) +
     min(lo·κ, hi·κ), DP(hi, b; v) = min S + v·π·g over shapes with every u ≤ hi and every w ≤ b.
@@ -406,6 +414,29 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
 
     lams = LAMBDAS if whole else (1.0,)
     J, one = len(lams), lams.index(1.0)
+    labels = whole and exact_whole and pr.engine == "jit"  # boxes flat in U and W: exact in π·g
+    relaxed = False
+
+    def push_labels(boxes: list[tuple[float, float, float, float, float, float]], floor: float) -> None:
+        """Whole batches by Pareto labels: each box's bound is its exact least S + lo·k + max(a, R)
+        (at least ``floor``, the bound it had); the boxes come back marked exact (g0 = −1)."""
+        nonlocal best_exact, tie, relaxed
+        lows = np.array([b[0] if b[0] > lo0 else -math.inf for b in boxes])
+        # shapes at or above the best one found (or top) need no label: the certificate is at most its value
+        ubs = np.array([min(top, best_exact) - max(b[2], rest_s) for b in boxes])
+        vals, shapes, rx = pr.solve_whole(np.array([b[1] for b in boxes]), lows, np.array([b[3] for b in boxes]),
+                                          np.array([b[0] for b in boxes]), kp, ubs, pi, extras)
+        relaxed = relaxed or rx
+        for i, box in enumerate(boxes):
+            s = shapes[i]
+            if s is None:
+                continue
+            tie += 1
+            heapq.heappush(heap, (max(floor, float(vals[i]) + max(box[2], rest_s)), tie, (*box[:4], -1.0, math.inf), s))
+            exact = value(s)
+            if exact < best_exact:
+                best_exact = exact
+            found.setdefault(s.stages, s)
 
     def push(boxes: list[tuple[float, float, float, float, float, float]]) -> None:
         nonlocal best_exact, tie
@@ -437,6 +468,15 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
                     best_exact = exact
                 found.setdefault(s2.stages, s2)
 
+    def split(children: list[tuple[float, float, float, float, float, float]], parent: float) -> None:
+        """Price a cut box's two halves: by labels once the box is exact or narrow in U (few shapes
+        fit, so the fronts stay short), else by the Lagrangian DPs."""
+        lo, hi, g0 = children[0][0], children[-1][1], children[0][4]
+        if labels and (g0 < 0 or hi <= lo * (1 + LABEL_SPAN)):
+            push_labels(children, parent)
+        else:
+            push(children)
+
     push(boxes0)
     calls, closed = 1, not heap
     while heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
@@ -444,11 +484,12 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         a_eff = max(a, rest_s)
         u_flat = hi <= lo * (1 + 1e-9)
         w_flat = b - a_eff <= 1e-9 * max(1.0, abs(b))
-        g_flat = not whole or min(g1, g_top) - g0 <= 1e-9 * max(1.0, g0)
+        g_flat = not whole or g0 < 0 or min(g1, g_top) - g0 <= 1e-9 * max(1.0, g0)
         # closed: the least bound reaches the best shape found, or it is a point box (exact; with
-        # whole batches a point of π·g is still a Lagrangian bound: the search stops unclosed there)
+        # whole batches a point of π·g is still a Lagrangian bound, and so is a label front that
+        # was thinned: the search stops unclosed there)
         if bound >= best_exact - rel * abs(best_exact) or (u_flat and w_flat and g_flat):
-            closed = bound >= best_exact - rel * abs(best_exact) or not whole
+            closed = bound >= best_exact - rel * abs(best_exact) or not whole or (g0 < 0 and not relaxed)
             break
         heapq.heappop(heap)
         # which relaxation costs the box's own argmin more: U at lo or W at a? (then π·g: whole batches)
@@ -457,18 +498,22 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         else:
             slack_u = (s.bottleneck - lo) * pg(s) + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
         slack_w = 0.0 if w_flat else floors(s) - a_eff
-        if u_flat and w_flat:  # only π·g is left to split
+        if u_flat and w_flat and labels:  # only π·g is left: the labels price it exactly
+            push_labels([(lo, hi, a, b, g0, g1)], bound)
+        elif u_flat and w_flat:  # only π·g is left to split
             g_s = pg(s)
             cut = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
             push([(lo, hi, a, b, g0, cut), (lo, hi, a, b, cut, g1)])
         elif not w_flat and (u_flat or slack_w >= slack_u):
             mid = math.sqrt(a_eff * b) if a_eff > 0 else 0.5 * (a_eff + b)
-            push([(lo, hi, a, mid, g0, g1), (lo, hi, mid, b, g0, g1)])
+            split([(lo, hi, a, mid, g0, g1), (lo, hi, mid, b, g0, g1)], bound)
         else:
             mid = math.sqrt(lo * hi)
-            push([(lo, mid, a, b, g0, g1), (mid, hi, a, b, g0, g1)])
+            split([(lo, mid, a, b, g0, g1), (mid, hi, a, b, g0, g1)], bound)
         calls += 1
     cert = heap[0][0] if heap else top
+    if labels:  # the label boxes leave out shapes above the best one found, which bounds them all
+        cert = min(cert, best_exact)
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
     good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
     return min(cert, top), list(good.values()), closed

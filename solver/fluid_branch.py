@@ -39,7 +39,7 @@ from hexhelix.ir.plan import Plan
 from . import cost
 from .candidates import CostTables
 from .fluid_bound import FluidResult, fluid_lower_bound, optimizer_lower_bound, sync_lower_bound
-from .shape_pricing import Shape
+from .shape_pricing import Shape, pricer_for
 from .stage_floors import Locality, class_links
 
 __all__ = ["BranchStats", "best_first_bounds", "fluid_bounds_by_pipelines"]
@@ -72,6 +72,7 @@ class _Leaf:
     stalled: bool = field(compare=False, default=False)  # more column generation raised nothing
     w_lo: float = field(compare=False, default=-math.inf)  # the cell's plans have sync + optimizer in
     w_hi: float = field(compare=False, default=math.inf)   # (w_lo, w_hi] (a W cell, :func:`_w_split`)
+    exact: bool = field(compare=False, default=False)  # its whole-batch pricing is exact (labels): last resort
 
     @property
     def settled(self) -> bool:
@@ -172,6 +173,12 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
 # mixed-a100-a40-t4 (P = 5: W 0.21-0.40 s in one master) pairs raised its bound 0.009 s per level
 W_FIRST_SHARE = 0.01
 W_SPLIT_SHARE = 0.002  # a final leaf is split where its master's pipelines' W differ by this share of the incumbent
+# a step of the search gets at most the time left over this many (more when the heap is larger): 32
+# against 8 before, fluid search alone for 100 s, odd and even P side by side (2026-12-01 22:20 UTC):
+# gen-64 2.7135/2.7085 -> 2.7328/2.7246 s, hexiscale-het2 even 7.4855 -> 7.4951, mixed-a100-a40-t4
+# even 8.1218 -> 8.1213 (noise), odd and hexiscale-het3 equal: the first slices no longer go to
+# whole ranges of P (12 s each at 64 GPUs) before the best-first order can choose
+SLICES = 32
 
 
 def _w_split(leaf: _Leaf, upper_s: float, share: float = W_SPLIT_SHARE) -> float | None:
@@ -254,6 +261,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     last: tuple[Shape, ...] = ()  # the latest run's columns: the start of a leaf that has none yet
     penalties: dict[int, np.ndarray] = {}
     tie = 0
+    exact_pricing = pricer_for(tables).engine == "jit"  # the labels of an exact whole-batch phase are compiled only
 
     def floor_of(lo: int, hi: int) -> float:
         return min(bounds[q] for q in range(lo, hi + 1))
@@ -313,12 +321,17 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             elif step is not None:  # the plan's sync + optimizer is at most the cut | above it
                 kind, cut = step
                 children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
+            elif leaf.result.whole and not leaf.exact and exact_pricing:
+                # nothing left to branch on: before the search stops at this leaf, its whole-batch
+                # certificate prices narrow boxes exactly (Pareto labels), which only it can afford
+                kind, children = "exact whole", [(lo, hi, loc, w_lo, w_hi)]
             else:
                 stats.final += 1  # stays in leaves: its bound still counts for P
                 finals = min(finals, leaf.bound)
                 continue
         leaves.remove(leaf)
-        share = max(min_slice, (deadline - time.monotonic()) / max(8, 2 * len(children), len(heap) + 1))
+        exact = leaf.exact or kind == "exact whole"  # (inherited: the cell's leaves stay at the end of the line)
+        share = max(min_slice, (deadline - time.monotonic()) / max(SLICES, 2 * len(children), len(heap) + 1))
         for c_lo, c_hi, c_loc, c_wlo, c_whi in children:
             again = len(children) == 1  # more of the same run: it resumes in the phase it reached
             whole = again and leaf.result.whole  # whole-batch certificates are slower: a longer slice
@@ -329,7 +342,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
-                                   w_cap=c_whi)
+                                   w_cap=c_whi, exact_whole=exact)
             stats.nodes += 1
             last = fr.shapes
             if not c_loc.local and not c_loc.spread and not c_loc.visit and c_whi == math.inf:
@@ -338,7 +351,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
                       leaf.depth + (not again),
                       stalled=again and _stalled(leaf.result, fr, rel_tol),
-                      w_lo=c_wlo, w_hi=c_whi))
+                      w_lo=c_wlo, w_hi=c_whi, exact=exact))
         logger.info("P=%d..%d depth %d (%s): child bounds %s s", lo, hi, leaf.depth, kind,
                     ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
     stats.open_leaves = len(heap)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from hexhelix.ir.plan import Plan
 
-from . import shape_dp_jit
+from . import shape_dp_jit, shape_labels_jit
 from .candidates import CostTables
 from .stage_floors import NO_LOCALITY, Locality, StageExtras, stage_extras, stage_w
 
@@ -178,6 +178,8 @@ class ShapePricer:
         self._full: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (full, full_fresh) by states and room
         n_gpus = tables.problem.cluster.num_gpus
         self.u_floor = L * float(tau.min()) / max(1, min(L, n_gpus))
+        # S of any first j layers (j ≥ 1): every stage takes ≥ τ_min per layer, the first its embedding too
+        self.prefix_floor = np.array([0.0] + [j * float(tau.min()) + max(0.0, float(emb.min())) for j in range(1, L + 1)])
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
         self._w_memo: dict[int, tuple[StageExtras, dict[tuple, float]]] = {}  # stage_w per floor table
         z = np.zeros((1, 1, 1))  # placeholders the compiled DP never reads when it has no extras
@@ -194,6 +196,16 @@ class ShapePricer:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
         every shape the stages from there on use: only shapes using all of them, within their room,
         are admitted — :func:`.stage_floors.fits_visits`)."""
+        st, full, full_fresh = self._prepared(extras)
+        caps = np.asarray(caps, dtype=float)
+        weights = np.asarray(weights, dtype=float)
+        if self.engine == "jit":
+            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh, lows)
+        return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
+
+    def _prepared(self, extras: StageExtras | None) -> tuple[_States, np.ndarray, np.ndarray]:
+        """The states of ``extras``' required nodes and the runs that leave no room for the other
+        replicas (``full`` per option and state, ``full_fresh`` per option), both remembered."""
         visit = extras.visit if extras is not None else ()
         key = (visit, tuple(extras.visit_cap(n) for n in visit) if extras is not None else ())
         st = self._states.get(key)
@@ -201,8 +213,6 @@ class ShapePricer:
             if len(self._states) > 8:  # a few MB each at 56 GPUs: keep the recent required-node sets only
                 self._states.clear()
             st = self._states[key] = _build_states(self, *key)
-        caps = np.asarray(caps, dtype=float)
-        weights = np.asarray(weights, dtype=float)
         room = (extras.replicas, extras.caps) if extras is not None else None
         hit = self._full.get((key, room))
         if hit is None:
@@ -215,10 +225,33 @@ class ShapePricer:
             if len(self._full) > 64:
                 self._full.clear()
             hit = self._full[(key, room)] = (full, full_fresh)
-        full, full_fresh = hit
-        if self.engine == "jit":
-            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh, lows)
-        return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
+        return st, hit[0], hit[1]
+
+    def solve_whole(self, caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray | None, scale: np.ndarray,
+                    kp: float, ubs: np.ndarray, pi: np.ndarray, extras: StageExtras | None = None,
+                    cap_labels: int = 32) -> tuple[np.ndarray, list, bool]:
+        """For each box k: min over shapes with lows[k] < U ≤ caps[k] (every w ≤ wcaps[k]) of
+        S + scale[k]·max(0, ⌊π·g + kp⌋) — exact, by Pareto labels of (S, π·g)
+        (:mod:`.shape_labels_jit`), among the shapes whose value is below ubs[k] (inf: none is). Returns
+        the values, the argmin shapes and whether a label front overflowed ``cap_labels`` (then the
+        values are lower bounds, still valid). Compiled engine only."""
+        if not shape_labels_jit.AVAILABLE:
+            raise RuntimeError("exact whole-batch pricing needs numba")
+        st, full, full_fresh = self._prepared(extras)
+        K = len(caps)
+        wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
+        ex = extras if extras is not None else self._no_extras
+        vals, rows, counts, relaxed = shape_labels_jit.solve_labels(
+            np.asarray(caps, dtype=float), np.asarray(lows, dtype=float), wk, np.asarray(scale, dtype=float),
+            float(kp), np.asarray(ubs, dtype=float), self.prefix_floor, np.asarray(pi, dtype=float)[self.node] * self.tp,
+            int(cap_labels),
+            self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
+            st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
+            (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
+            ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
+        shapes: list = [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist())))
+                        if math.isfinite(vals[k]) else None for k in range(K)]
+        return vals, shapes, bool(relaxed)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
                    wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,

@@ -306,6 +306,56 @@ def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes
 
 
 @pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_whole_batch_pricing_by_labels_equals_the_enumerated_minimum_in_each_box(seed: int) -> None:
+    """The exact whole-batch pricing (Pareto labels of S and π·g, solver/shape_labels_jit.py): for
+    boxes lo < U ≤ hi it returns the least S + lo·max(0, ⌊π·g + κ'⌋) over the enumerated shapes in
+    the box (also in cells that require nodes), its argmin lies in the box and has that value; with
+    one label per front it may only come out lower, and says so."""
+    rng = np.random.default_rng(seed)
+    two = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=4096, layers=5, inter=5.0)  # S falls with more GPUs: long fronts
+    third = {"name": "n2", "gpu": "Fast", "count": 1, "intra_GBps": 50}
+    cl = Cluster.from_dict({**two.cluster.to_dict(), "nodes": [*two.cluster.to_dict()["nodes"], third]})
+    pb = PlanProblem(cluster=cl, model=two.model, training=two.training, schedule=two.schedule)
+    tables = build_tables(pb)
+    pr = ShapePricer(tables, engine="jit")
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
+    us = np.array(sorted({s.bottleneck for s in shapes}))
+    boxes = [(lo, hi) for lo, hi in itertools.combinations(np.quantile(us, [0.0, 0.3, 0.6, 1.0]), 2)]
+    boxes += [(-math.inf, us[-1]), (us[len(us) // 2], us[len(us) // 2])]
+    los, his = np.array([b[0] for b in boxes]), np.array([b[1] for b in boxes])
+    ubs = np.full(len(boxes), 1e9)  # no value cut
+    for visit in ((), (1,), (0, 2)):
+        ex = pr.extras(2, Locality(visit=frozenset(visit)))
+        for _ in range(12):
+            # prices with some free nodes, and floor terms from small (S decides) to large (π·g does)
+            pi = rng.uniform(0.0, 3.0, len(pb.cluster.nodes)) * (rng.uniform(size=len(pb.cluster.nodes)) < 0.7)
+            kp = float(rng.uniform(0.0, 1.0))
+            scale = np.where(np.isfinite(los), los, us[0]) * rng.choice([0.05, 0.3, 1.0, 3.0])
+            vals, found, relaxed = pr.solve_whole(his, los, None, scale, kp, ubs, pi, ex)
+            assert not relaxed
+            for k, (lo, hi) in enumerate(boxes):
+                fits = [s for s in shapes if lo < s.bottleneck <= hi and fits_visits(s.stages, ex, pr.node_list, pr.tp_list)]
+
+                def val(s, k=k, pi=pi, kp=kp, scale=scale):
+                    return s.total + scale[k] * max(0, math.floor(pi @ np.array(s.gpus) + kp))
+                true = min((val(s) for s in fits), default=math.inf)
+                assert vals[k] == pytest.approx(true, rel=1e-9, abs=1e-12), (visit, lo, hi)
+                if fits:
+                    assert lo < found[k].bottleneck <= hi and val(found[k]) == pytest.approx(vals[k], rel=1e-9)
+            tight, _, relaxed1 = pr.solve_whole(his, los, None, scale, kp, ubs, pi, ex, cap_labels=1)
+            assert np.all(tight <= vals + 1e-12)
+            assert relaxed1 or np.array_equal(tight, vals)
+            # a value cut: boxes whose least value is under it keep it, the others come back at or above it
+            if not np.isfinite(vals).any():
+                continue
+            cut = float(np.median(vals[np.isfinite(vals)]))
+            under, _, _ = pr.solve_whole(his, los, None, scale, kp, np.full(len(boxes), cut), pi, ex)
+            for k in range(len(boxes)):
+                assert (under[k] == vals[k] if vals[k] < cut else under[k] >= cut), (k, under[k], vals[k], cut, boxes[k])
+
+
+@pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
 @pytest.mark.parametrize("cluster", ["small-mixed", "mixed-a100-a40-t4", "hexiscale-het1"])
 def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
     """The compiled DP (solver/shape_dp_jit.py) returns the numpy DP's values, under caps on u and w,
@@ -334,10 +384,12 @@ def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
                     assert sh.total + weights[k] * float(pi @ np.array(sh.gpus)) == pytest.approx(got[k], rel=1e-9)
 
 
+@pytest.mark.parametrize("exact_whole", [True, False], ids=["labels", "lagrangian"])
 @pytest.mark.parametrize("seed", [1, 2, 5])
-def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int) -> None:
+def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int, exact_whole: bool) -> None:
     """With whole micro-batches the certificate is min over shapes of S + W + U·max(0, ⌊π·g + κ'⌋)
-    (docs §14): never above the enumeration's minimum (validity), and equal to it when it closes."""
+    (docs §14): never above the enumeration's minimum (validity), and equal to it when it closes —
+    with narrow boxes priced by Pareto labels (the default) and by the Lagrangian in π·g alike."""
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
     tables = build_tables(pb)
     P = max_pipelines(tables)
@@ -351,7 +403,8 @@ def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int) -> Non
     duals = [(np.array(fr.last_duals[0]), fr.last_duals[1])]
     duals += [(rng.uniform(0, 2 * M / caps.sum(), len(caps)), float(rng.uniform(0, 2))) for _ in range(4)]
     for pi, mu in duals:
-        cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None, max_dp=5000, whole=True)
+        cert, _, closed = certificate(tables, pi, mu, M, P, 1e9, None, max_dp=5000, whole=True,
+                                      exact_whole=exact_whole)
         A = float(pi @ caps) + mu * P
         if A >= M * (1 - 1e-9):
             pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
