@@ -35,6 +35,8 @@ a hair low). Its boxes gain a third dimension, π·g ∈ [g0, g1): a shape with 
 a known interval, so S ≥ D(λ) − λ·(an end of it) for each Lagrange multiplier λ of a small grid
 (D(λ) = min S + λ·π·g, the same DP), and the box bound is the least over whole k of lo·k plus the
 best of those. Each run first converges the fractional master, then continues with the whole one.
+With ``exact_whole`` (the search's last resort for a leaf it cannot branch, :mod:`.fluid_branch`)
+narrow boxes are priced exactly instead, by Pareto labels of (S, π·g) (:mod:`.shape_labels_jit`).
 Reference: the decomposition is the classic Dantzig–Wolfe / Gilmore–Gomory column generation with a
 Lagrangian (Farley-type) bound that is valid at every iteration, not only at convergence.
 """

@@ -107,6 +107,32 @@ def test_the_search_splits_final_leaves_by_w_and_every_bound_stays_below_its_bes
     assert cuts, "no W cell was made: the instances no longer exercise the split"
 
 
+def test_a_leaf_left_with_nothing_to_branch_gets_an_exact_whole_batch_phase_first(monkeypatch) -> None:
+    """Before the search stops at a final single-P leaf, that leaf (and only such a leaf) runs once
+    more with the exact whole-batch pricing; every bound stays below its count's best plan."""
+    real = fluid_branch.fluid_lower_bound
+    calls: list[tuple[bool, bool, int, int]] = []  # (exact, resumed in its whole phase, lo, hi)
+
+    def spy(tables, **kw):
+        calls.append((kw.get("exact_whole", False), kw.get("whole", False), kw["replicas"], kw["pmax"]))
+        return real(tables, **kw)
+
+    monkeypatch.setattr(fluid_branch, "fluid_lower_bound", spy)
+    for seed in (2, 3):
+        pb = two_node_instance(seed)
+        best = {P: min(t for t, _ in ps) for P, ps in plans_by_count(pb).items()}
+        tables = build_tables(pb)
+        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
+                                              branch_nodes=60)
+        for P, t in best.items():
+            assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
+    exact = [c for c in calls if c[0]]
+    assert exact, "no leaf reached the exact phase: the instances no longer exercise it"
+    assert all(lo == hi for _, _, lo, hi in exact)   # single pipeline counts only
+    assert exact[0][1]                                # the first resumes the final leaf's whole phase
+    assert len(exact) < len(calls)
+
+
 def test_a_wide_w_spread_is_cut_before_any_pair_and_a_narrow_one_only_when_no_pair_is_left(monkeypatch) -> None:
     """The order of the last splits: W first when the master's columns' W differ by ≥ W_FIRST_SHARE of
     the incumbent, else the open pair, else a W cut when they differ by ≥ W_SPLIT_SHARE, else final."""
