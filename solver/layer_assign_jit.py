@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .layer_assign import TIE_REL
+from .shape_dp_jit import compile_cached
 
 __all__ = ["AVAILABLE", "assign_layers_compiled"]
 
@@ -100,12 +101,7 @@ def assign_layers_compiled(time1: Sequence[float], time0: Sequence[float], caps:
     """:func:`.layer_assign.assign_layers` (same arguments, same result) on the compiled scan."""
     global _compiled
     if _compiled is None:
-        import numba
-
-        try:
-            _compiled = numba.njit(cache=True, nogil=True)(_scan)
-        except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
-            _compiled = numba.njit(nogil=True)(_scan)
+        _compiled = compile_cached(_scan)
     cap = np.minimum(np.array(caps, np.int64), layers)
     counts, t = _compiled(np.array(time1, float), np.array(time0, float), cap, int(layers), int(micro_batches),
                           int(min_layers))

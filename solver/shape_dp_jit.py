@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "solve_batch"]
+__all__ = ["AVAILABLE", "compile_cached", "solve_batch"]
 
 # numba is imported (~0.8 s) and the loops compiled (~4 s, then cached on disk) on first use only
 AVAILABLE = importlib.util.find_spec("numba") is not None
@@ -226,14 +226,20 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
     return vals, stages, counts
 
 
+def compile_cached(fn: Callable) -> Callable:
+    """``fn`` compiled by numba, its machine code cached on disk beside the source (so an install
+    compiles it once), or uncached where no cache folder is writable; numba is imported here only."""
+    import numba
+
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
+        return numba.njit(nogil=True)(fn)
+
+
 def solve_batch(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_dp_batch` compiled by numba (on the first call; the machine code is cached on disk)."""
     global _compiled
     if _compiled is None:
-        import numba
-
-        try:
-            _compiled = numba.njit(cache=True, nogil=True)(_dp_batch)
-        except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
-            _compiled = numba.njit(nogil=True)(_dp_batch)
+        _compiled = compile_cached(_dp_batch)
     return _compiled(*args)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .shape_dp_jit import compile_cached
+
 __all__ = ["AVAILABLE", "solve_labels"]
 
 AVAILABLE = importlib.util.find_spec("numba") is not None
@@ -328,10 +330,5 @@ def solve_labels(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, boo
     """:func:`_labels_batch` compiled by numba (on the first call; the machine code is cached on disk)."""
     global _compiled
     if _compiled is None:
-        import numba
-
-        try:
-            _compiled = numba.njit(cache=True, nogil=True)(_labels_batch)
-        except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
-            _compiled = numba.njit(nogil=True)(_labels_batch)
+        _compiled = compile_cached(_labels_batch)
     return _compiled(*args)

@@ -249,9 +249,7 @@ class ShapePricer:
             st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
             (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
             ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
-        shapes: list = [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist())))
-                        if math.isfinite(vals[k]) else None for k in range(K)]
-        return vals, shapes, bool(relaxed)
+        return vals, self._argmins(vals, rows, counts), bool(relaxed)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
                    wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
@@ -269,9 +267,13 @@ class ShapePricer:
             st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
             (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
             ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
-        shapes: list = [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist())))
-                        if math.isfinite(vals[k]) else None for k in range(K)]
-        return vals, shapes
+        return vals, self._argmins(vals, rows, counts)
+
+    def _argmins(self, vals: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> list:
+        """The compiled DPs' argmins as shapes: rows[k, :counts[k]] are (option, layers) pairs; None
+        where no shape fits (value inf)."""
+        return [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist()))) if math.isfinite(vals[k]) else None
+                for k in range(len(vals))]
 
     def _solve_numpy(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
                      wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:

@@ -54,6 +54,19 @@ def plans_by_count(pb: PlanProblem) -> dict[int, list[tuple[float, float]]]:
     return out
 
 
+def search_stays_below_best_plans(seeds: tuple[int, ...]) -> None:
+    """The whole search (60 fluid runs at most) on two-node instances: every pipeline count's bound
+    lies below its best enumerated plan."""
+    for seed in seeds:
+        pb = two_node_instance(seed)
+        best = {P: min(t for t, _ in ps) for P, ps in plans_by_count(pb).items()}
+        tables = build_tables(pb)
+        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
+                                              branch_nodes=60)
+        for P, t in best.items():
+            assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_w_cell_bounds_the_plans_whose_sync_plus_optimizer_lies_in_it(seed: int) -> None:
     """Cut at the median W of the P-pipeline plans: the capped cell's bound is below the best plan
@@ -96,14 +109,7 @@ def test_the_search_splits_final_leaves_by_w_and_every_bound_stays_below_its_bes
         return cut
 
     monkeypatch.setattr(fluid_branch, "_w_split", spy)
-    for seed in (2, 3):
-        pb = two_node_instance(seed)
-        best = {P: min(t for t, _ in ps) for P, ps in plans_by_count(pb).items()}
-        tables = build_tables(pb)
-        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
-                                              branch_nodes=60)
-        for P, t in best.items():
-            assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
+    search_stays_below_best_plans(seeds=(2, 3))
     assert cuts, "no W cell was made: the instances no longer exercise the split"
 
 
@@ -118,14 +124,7 @@ def test_a_leaf_left_with_nothing_to_branch_gets_an_exact_whole_batch_phase_firs
         return real(tables, **kw)
 
     monkeypatch.setattr(fluid_branch, "fluid_lower_bound", spy)
-    for seed in (2, 3):
-        pb = two_node_instance(seed)
-        best = {P: min(t for t, _ in ps) for P, ps in plans_by_count(pb).items()}
-        tables = build_tables(pb)
-        bounds, _ = fluid_bounds_by_pipelines(tables, pmax=max_pipelines(tables), upper_s=2 * max(best.values()),
-                                              branch_nodes=60)
-        for P, t in best.items():
-            assert bounds[P] <= t * (1 + 1e-9), (seed, P, bounds[P], t)
+    search_stays_below_best_plans(seeds=(2, 3))
     exact = [c for c in calls if c[0]]
     assert exact, "no leaf reached the exact phase: the instances no longer exercise it"
     assert all(lo == hi for _, _, lo, hi in exact)   # single pipeline counts only
