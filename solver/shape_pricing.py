@@ -240,15 +240,11 @@ class ShapePricer:
         st, full, full_fresh = self._prepared(extras)
         K = len(caps)
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
-        ex = extras if extras is not None else self._no_extras
         vals, rows, counts, relaxed = shape_labels_jit.solve_labels(
             np.asarray(caps, dtype=float), np.asarray(lows, dtype=float), wk, np.asarray(scale, dtype=float),
             float(kp), np.asarray(ubs, dtype=float), self.prefix_floor, np.asarray(pi, dtype=float)[self.node] * self.tp,
             int(cap_labels),
-            self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
-            st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
-            (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
-            ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
+            *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts), bool(relaxed)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
@@ -259,15 +255,20 @@ class ShapePricer:
         has_low = lows is not None and bool(np.any(np.asarray(lows) > -math.inf))
         lk = np.asarray(lows, dtype=float) if has_low else None
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
-        none = self._no_extras
-        ex = extras if extras is not None else none
         vals, rows, counts = shape_dp_jit.solve_batch(
             caps, lk, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
-            self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
-            st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
-            (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
-            ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
+            *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts)
+
+    def _compiled_tables(self, st: _States, full: np.ndarray, full_fresh: np.ndarray,
+                         extras: StageExtras | None) -> tuple:
+        """The arguments both compiled DPs (:mod:`.shape_dp_jit`, :mod:`.shape_labels_jit`) end with:
+        stage times, states, room flags, required-node mask and the floor tables."""
+        ex = extras if extras is not None else self._no_extras
+        return (self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
+                st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
+                (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
+                ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
 
     def _argmins(self, vals: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> list:
         """The compiled DPs' argmins as shapes: rows[k, :counts[k]] are (option, layers) pairs; None
