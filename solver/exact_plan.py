@@ -18,26 +18,25 @@ rounding of the integer time scale; a larger proven gap is reported with status 
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
+from hexhelix.ir.plan import Plan, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
-from .fluid_bound import Shape
 from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
+from .master_rounding import round_master
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
 
-__all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "round_master", "solve_exact"]
+__all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "solve_exact"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,10 @@ TICKS_AT_RATE_BOUND = 1e9   # integer time scale: the total-work bound maps to 1
 FLUID_PARALLEL_MIN_S = 20.0  # from this time limit on, the fluid search runs in a child on a second core
 FLUID_COLLECT_S = 1.0        # kept at the end to receive the child's bounds and round its masters
 FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd and even pipeline counts)
-EXACT_SHARE_SPLIT = 0.15     # ... after the exact models had this share of the time (at 16-32 GPUs they
-                             # proved no more than the shape bound and found no better plan in 120 s)
+# ... after the exact models had this share of the time: at 16-32 GPUs they proved no more than the
+# shape bound and found no better plan in 120 s; 5 % against 15 % (2026-12-01, one 120 s solve each):
+# gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both
+EXACT_SHARE_SPLIT = 0.05
 Backend = Callable[[LinearModel, float, "dict[int, int] | None"], BackendOutcome]
 
 
@@ -105,7 +106,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     ``fork`` are available — it runs instead in a forked child for the whole time limit while the
     exact models run here, and its bounds and rounded plans join theirs at the end; with
     ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and
-    this process, after giving the exact models ``exact_share`` = 15 % of the time, the odd ones),
+    this process, after giving the exact models ``exact_share`` = 5 % of the time, the odd ones),
     ``shape_bound`` (default True unless split: the order-free shape enumeration bound of
     :mod:`.shape_bound`, given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
     bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
@@ -145,11 +146,11 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         for P, b in out.bounds.items():  # two searches (odd and even P) each bound every P: keep the larger
             fluid[P] = max(fluid.get(P, 0.0), b)
         params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
-        for P, solution in out.solutions.items():
-            for plan in round_master(tables, solution, pipelines=P):
-                ev = evaluate(plan, profile)
-                if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
-                    best = (plan, ev)
+        rounded = [plan for P, solution in out.solutions.items() for plan in round_master(tables, solution, pipelines=P)]
+        for plan in (*rounded, *((out.plan,) if out.plan is not None else ())):  # the search's own best too
+            ev = evaluate(plan, profile)
+            if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
+                best = (plan, ev)
 
     parallel = opts.get("fluid_parallel")
     parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
@@ -341,72 +342,3 @@ def _rounding_ticks(M: int, K: int, L: int) -> float:
     """Ticks the floored coefficients can lose on one plan: (m−1)·U and Σu lose < 1 tick per
     layer-coefficient and per fixed term of each stage, plus sync and optimizer terms."""
     return float((M + K + 2) * (L + 4))
-
-
-def round_master(tables: CostTables, solution: tuple[tuple[Shape, float], ...], *, pipelines: int) -> list[Plan]:
-    """Integer plans from a fractional master solution (the primal side; heuristics, never optimal
-    by themselves): ⌊x⌋ copies of each shape, then shapes by decreasing fractional part and by
-    micro-batch rate per GPU while GPUs and the pipeline count allow; micro-batches handed out one
-    at a time to the pipeline that finishes it first, (m−1)·U + S; GPU ids in node order. Plans that
-    break memory under the real in-flight counts are dropped by the caller's evaluator."""
-    caps = [node.count for node in tables.problem.cluster.nodes]
-    M = tables.micro_batches
-    if not solution:
-        return []
-    shapes = [sh for sh, _ in solution]
-    x = [v for _, v in solution]
-    order = sorted(range(len(shapes)), key=lambda i: (-(x[i] - math.floor(x[i] + 1e-9)), -x[i]))
-    extra = sorted(range(len(shapes)), key=lambda i: shapes[i].bottleneck * sum(shapes[i].gpus))
-    out: list[Plan] = []
-    limit = min(pipelines, M)
-    for round_up, fill in ((True, False), (True, True), (False, True)):
-        used = [0] * len(caps)
-        chosen: list[Shape] = []
-        for i in range(len(shapes)):
-            for _ in range(math.floor(x[i] + 1e-9)):
-                _take(shapes[i], chosen, used, caps, limit)
-        if round_up:
-            for i in order:
-                if x[i] - math.floor(x[i] + 1e-9) > 1e-9:
-                    _take(shapes[i], chosen, used, caps, limit)
-        if fill:
-            for i in extra:
-                while _take(shapes[i], chosen, used, caps, limit):
-                    pass
-        if chosen:
-            out.append(_decode(tables, chosen, M))
-    return out
-
-
-def _take(sh: Shape, chosen: list[Shape], used: list[int], caps: list[int], limit: int) -> bool:
-    """Add one pipeline of shape ``sh`` if the GPUs and the pipeline count allow."""
-    if len(chosen) >= limit or any(u + g > c for u, g, c in zip(used, sh.gpus, caps)):
-        return False
-    chosen.append(sh)
-    for n, g in enumerate(sh.gpus):
-        used[n] += g
-    return True
-
-
-def _decode(tables: CostTables, chosen: list[Shape], M: int) -> Plan:
-    """Pipelines of ``chosen`` shapes with micro-batches by greedy finishing time and GPU ids."""
-    m = [1] * len(chosen)
-    heap = [(s.total + s.bottleneck, p) for p, s in enumerate(chosen)]
-    heapq.heapify(heap)
-    for _ in range(M - len(chosen)):
-        _, p = heapq.heappop(heap)
-        m[p] += 1
-        heapq.heappush(heap, (chosen[p].total + m[p] * chosen[p].bottleneck, p))
-    cl = tables.problem.cluster
-    free = {n: list(cl.node_gpus(n)) for n in range(len(cl.nodes))}
-    pipes = []
-    for p, s in enumerate(chosen):
-        stages, start = [], 0
-        for c, ell in s.stages:
-            o = tables.options[c]
-            gpus = tuple(free[o.node][: o.tp])
-            del free[o.node][: o.tp]
-            stages.append(StagePlan(node=o.node, gpus=gpus, layers=(start, start + ell)))
-            start += ell
-        pipes.append(PipelinePlan(stages=tuple(stages), micro_batches=m[p]))
-    return Plan(problem=tables.problem, pipelines=tuple(pipes), meta={"solver": "fluid-rounding"})

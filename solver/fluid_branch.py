@@ -39,6 +39,7 @@ from hexhelix.ir.plan import Plan
 from . import cost
 from .candidates import CostTables
 from .fluid_bound import FluidResult, fluid_lower_bound, optimizer_lower_bound, sync_lower_bound
+from .master_rounding import Incumbent
 from .shape_pricing import Shape, pricer_for
 from .stage_floors import Locality, class_links
 
@@ -240,7 +241,8 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
 def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
                       deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
                       gap_tol: float = 1e-6, max_nodes: int = 5000, min_slice: float = 0.5,
-                      only: frozenset[int] | None = None) -> tuple[BranchStats, dict[int, FluidResult]]:
+                      only: frozenset[int] | None = None,
+                      incumbent: Incumbent | None = None) -> tuple[BranchStats, dict[int, FluidResult]]:
     """Raise ``bounds[P]`` (in place) for every P by one best-first search over leaves (a range of
     pipeline counts, a locality cell). The leaf of least bound is, in this order: given more column
     generation while it has not converged; split into sub-ranges (each one's run uses the
@@ -252,8 +254,12 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     ``rest[P]`` is the global sync + optimizer floor, ``upper_s`` the incumbent. With ``only``, the
     search covers those pipeline counts alone (leaves holding none of them are not made) and leaves
     the other bounds as they are: two searches on two cores share the counts. Also returns, per
-    greatest P of a leaf without locality decisions, its latest run (for rounding into plans)."""
+    greatest P of a leaf without locality decisions, its latest run (for rounding into plans).
+    With ``incumbent``, every leaf's master is rounded into plans as it is solved and a faster
+    one replaces the incumbent: from then on leaves are pruned, split and priced against its
+    time instead of ``upper_s`` (:mod:`.master_rounding`)."""
     stats = BranchStats()
+    upper = upper_s if incumbent is None else min(upper_s, incumbent.time_s)
     pmax = max(bounds)
     heap: list[_Leaf] = []
     leaves: list[_Leaf] = []
@@ -271,13 +277,13 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
 
     def add(leaf: _Leaf) -> None:
         leaves.append(leaf)
-        if leaf.bound < upper_s * (1 - gap_tol):
+        if leaf.bound < upper * (1 - gap_tol):
             heapq.heappush(heap, leaf)
         else:
             stats.pruned += 1
 
     none = FluidResult(lb_s=0.0, upper_s=math.inf, iterations=0, columns=0, converged=False)
-    for lo, hi in ((1, 1), *_jump_ranges(rest, 2, pmax, upper_s)) if pmax >= 2 else ((1, 1),):
+    for lo, hi in ((1, 1), *_jump_ranges(rest, 2, pmax, upper)) if pmax >= 2 else ((1, 1),):
         if mine(lo, hi):
             tie += 1
             add(_Leaf(floor_of(lo, hi), tie, lo, hi, Locality(), none))
@@ -287,7 +293,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             stats.stopped = "deadline" if stats.nodes < max_nodes else "node limit"
             break
         leaf = heapq.heappop(heap)
-        if leaf.bound >= upper_s * (1 - gap_tol):
+        if leaf.bound >= upper * (1 - gap_tol):
             stats.pruned += 1
             continue
         if leaf.bound >= finals:  # the least bound over all leaves is final: nothing can raise it
@@ -312,9 +318,9 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             kind, children = "more columns", [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
         elif lo < hi:
             kind = "range"
-            children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper_s) if mine(a, b)]
+            children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper) if mine(a, b)]
         else:
-            step = _last_split(tables, leaf, upper_s, penalties.get(lo))
+            step = _last_split(tables, leaf, upper, penalties.get(lo))
             if step is not None and step[0] == "pair":
                 kind, pair = step
                 children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
@@ -335,7 +341,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
         for c_lo, c_hi, c_loc, c_wlo, c_whi in children:
             again = len(children) == 1  # more of the same run: it resumes in the phase it reached
             whole = again and leaf.result.whole  # whole-batch certificates are slower: a longer slice
-            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=max(rest[c_lo], c_wlo), upper_s=upper_s,
+            fr = fluid_lower_bound(tables, pmax=c_hi, replicas=c_lo, rest_s=max(rest[c_lo], c_wlo), upper_s=upper,
                                    seed_plans=seed_plans,
                                    deadline=min(deadline, time.monotonic() + (max(share, 4 * min_slice) if whole
                                                                              else share)),
@@ -345,10 +351,12 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    w_cap=c_whi, exact_whole=exact)
             stats.nodes += 1
             last = fr.shapes
+            if incumbent is not None and fr.solution and incumbent.offer(tables, fr.solution, pipelines=c_hi):
+                upper = min(upper, incumbent.time_s)  # a better plan: prune and price against it from now on
             if not c_loc.local and not c_loc.spread and not c_loc.visit and c_whi == math.inf:
                 runs[c_hi] = fr
             tie += 1
-            add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper_s, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
+            add(_Leaf(max(leaf.bound, floor_of(c_lo, c_hi), min(upper, fr.lb_s)), tie, c_lo, c_hi, c_loc, fr,
                       leaf.depth + (not again),
                       stalled=again and _stalled(leaf.result, fr, rel_tol),
                       w_lo=c_wlo, w_hi=c_whi, exact=exact))
@@ -357,15 +365,15 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
     for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf
-        bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper_s))
-        bounds[P] = min(bounds[P], upper_s)
+        bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper))
+        bounds[P] = min(bounds[P], upper)
     return stats, runs
 
 
 def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
                               seed_plans: tuple[Plan, ...] = (), deadline: float | None = None,
                               rel_tol: float = 5e-4, branch_nodes: int = 5000,
-                              only: frozenset[int] | None = None,
+                              only: frozenset[int] | None = None, incumbent: Incumbent | None = None,
                               ) -> tuple[dict[int, float], dict[int, FluidResult]]:
     """Per pipeline count P = 1 … pmax: a lower bound on the iteration time of every plan with P
     pipelines, each at most ``upper_s`` (any plan time: bounds are only claimed below it).
@@ -375,7 +383,9 @@ def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
     and floors for P_lo replicas covers every P in [P_lo, P_hi]: :func:`best_first_bounds` starts
     from P = 1 and the ranges of 2 … pmax between jumps of R_P (:func:`_jump_ranges`) and splits
     ranges, then locality cells, where the bound is
-    least (at most ``branch_nodes`` fluid runs); ``only``: search those P alone, the others keep R_P.
+    least (at most ``branch_nodes`` fluid runs); ``only``: search those P alone, the others keep R_P;
+    ``incumbent``: improved by the leaves' rounded masters as the search goes (bounds are then
+    claimed below its final time).
     Also returns, per P, the latest run of a leaf whose greatest pipeline count is P
     (``exact_plan.round_master`` turns its master into plans)."""
     rest = {P: sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P) for P in range(1, pmax + 1)}
@@ -384,6 +394,6 @@ def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
         return out, {}
     stats, runs = best_first_bounds(tables, out, upper_s=upper_s, rest=rest, seed_plans=seed_plans,
                                     deadline=math.inf if deadline is None else deadline, rel_tol=rel_tol,
-                                    max_nodes=branch_nodes, only=only)
+                                    max_nodes=branch_nodes, only=only, incumbent=incumbent)
     logger.info("fluid bounds: %s", stats)
     return out, runs

@@ -21,6 +21,7 @@ from hexhelix.ir.plan import Plan
 
 from .candidates import CostTables
 from .fluid_branch import fluid_bounds_by_pipelines
+from .master_rounding import Incumbent
 from .shape_pricing import Shape
 
 __all__ = ["FluidJob", "FluidOutcome", "can_fork", "run_fluid", "start_fluid"]
@@ -33,20 +34,25 @@ GRACE_S = 10.0  # how long past its deadline the parent waits for a child before
 
 @dataclass(frozen=True, slots=True)
 class FluidOutcome:
-    """Per-P lower bounds (seconds) and, per P, the final master solution of the run that covers it."""
+    """Per-P lower bounds (seconds), per P the final master solution of the run that covers it, and
+    the fastest plan the search's rounded masters gave when it beat the plan it started from."""
 
     bounds: dict[int, float] = field(default_factory=dict)
     solutions: Solutions = field(default_factory=dict)
+    plan: Plan | None = None
     error: str = ""
 
 
 def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
               only: frozenset[int] | None = None) -> FluidOutcome:
     """The search in this process, until ``deadline`` (time.monotonic seconds); over the pipeline
-    counts ``only`` when given (the others keep their global floors)."""
+    counts ``only`` when given (the others keep their global floors). ``plan`` (of time ``upper_s``)
+    seeds it and is its first incumbent."""
+    incumbent = Incumbent(plan, upper_s)
     bounds, runs = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
-                                             deadline=deadline, only=only)
-    return FluidOutcome(bounds=dict(bounds), solutions={P: fr.solution for P, fr in runs.items()})
+                                             deadline=deadline, only=only, incumbent=incumbent)
+    return FluidOutcome(bounds=dict(bounds), solutions={P: fr.solution for P, fr in runs.items()},
+                        plan=incumbent.plan if incumbent.improved else None)
 
 
 def can_fork() -> bool:

@@ -19,7 +19,7 @@ from hexhelix.solver import fluid_branch, shape_dp_jit
 from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.exact_plan import max_pipelines, round_master
+from hexhelix.solver.exact_plan import max_pipelines
 from hexhelix.solver.fluid_bound import (
     _Floors,
     _Master,
@@ -30,6 +30,7 @@ from hexhelix.solver.fluid_bound import (
     sync_lower_bound,
 )
 from hexhelix.solver.fluid_branch import _jump_ranges, _orbit, _split, fluid_bounds_by_pipelines
+from hexhelix.solver.master_rounding import round_master
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import ShapePricer, pricer_for
 from hexhelix.solver.solve import solve
