@@ -190,12 +190,17 @@ def _w_split(leaf: _Leaf, upper_s: float, share: float = W_SPLIT_SHARE) -> float
     the used columns' W differ by less than ``share`` of ``upper_s``. The search asks first with
     :data:`W_FIRST_SHARE` (a wide spread: cut before any pair) and, for a leaf with nothing else to
     branch on, with :data:`W_SPLIT_SHARE`: narrow cuts made early cost more search time than they
-    raised the bound (small-mixed at 10 s: 12.99 → 12.73 s)."""
+    raised the bound (small-mixed at 10 s: 12.99 → 12.73 s). A column's W above the cell's w_hi (one
+    the pricing DP cannot exclude: only its largest sync plus largest optimizer step exceed the cap)
+    counts at w_hi, so the cut lies inside the cell: at its W, hexiscale-het2's least leaf (P = 5)
+    was cut at its own w_hi 30 times over, the child its parent, for the rest of the search."""
     fl = leaf.result.floors
-    ws = sorted({fl[i] for i, (_, x) in enumerate(leaf.result.solution) if x > 1e-6 and math.isfinite(fl[i])})
+    ws = sorted({min(fl[i], leaf.w_hi) for i, (_, x) in enumerate(leaf.result.solution)
+                 if x > 1e-6 and math.isfinite(fl[i])})
     if len(ws) < 2 or ws[-1] - ws[0] < share * upper_s:
         return None
-    return 0.5 * (ws[0] + ws[-1])
+    cut = 0.5 * (ws[0] + ws[-1])
+    return cut if leaf.w_lo < cut < leaf.w_hi else None
 
 
 def _last_split(tables: CostTables, leaf: _Leaf, upper_s: float,

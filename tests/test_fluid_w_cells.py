@@ -161,6 +161,25 @@ def test_a_wide_w_spread_is_cut_before_any_pair_and_a_narrow_one_only_when_no_pa
     assert _last_split(tables, one, upper, None) == ("W", pytest.approx(sum(narrow) / 2))
 
 
+def test_a_w_cut_lies_strictly_inside_the_cell_even_when_a_column_s_floor_is_above_it() -> None:
+    """A column whose W exceeds the cell's w_hi (the DP caps each stage's w, not the joint floor, so
+    it stays in the master) counts at w_hi: the cut is halfway to w_hi, never w_hi itself (whose
+    low child would be the leaf again: hexiscale-het2 at P = 5 was cut so 30 times over), and a
+    spread that is wide only above the cell gives no cut."""
+    res = FluidResult(lb_s=7.48, upper_s=7.49, iterations=3, columns=5, converged=True,
+                      solution=tuple((None, 1.0) for _ in range(5)),
+                      floors=(0.48489, 0.48874, 0.48954, 0.51342, 0.56596))
+    cell = _Leaf(7.48, 0, 5, 5, Locality(), res, w_lo=0.48489, w_hi=0.52542)
+    cut = fluid_branch._w_split(cell, 7.677)
+    assert cut == pytest.approx(0.5 * (0.48489 + 0.52542))
+    assert cell.w_lo < cut < cell.w_hi
+    above = dataclasses.replace(cell, result=dataclasses.replace(res, floors=(0.5250, 0.5251, 0.5252, 0.56, 0.6)))
+    assert fluid_branch._w_split(above, 7.677) is None
+    # without a cap above (the root cell), the columns' own W still set the cut
+    root = dataclasses.replace(cell, w_lo=-math.inf, w_hi=math.inf)
+    assert fluid_branch._w_split(root, 7.677) == pytest.approx(0.5 * (0.48489 + 0.56596))
+
+
 def run(lb: float, est: float, iterations: int = 3) -> FluidResult:
     return FluidResult(lb_s=lb, upper_s=est, iterations=iterations, columns=10, converged=False)
 
