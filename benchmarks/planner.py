@@ -141,7 +141,7 @@ def reading(limit: float, baselines: bool = True) -> str:
             "pipelines; whole micro-batches only through a Lagrangian bound over π·g, §14; lenient memory), "
             "from the locality branching not finishing within the limit (it fixes one layer per level), and from "
             "leaves whose column generation did not converge in the time (56-64 GPUs); the primal side "
-            "(rounding the fluid masters into plans) rarely beats hexiscale." + (" hexiscale-released and megatron fall behind hexiscale by the factors in "
+            "(rounding the fluid masters into plans) rarely beats hexiscale on the example clusters (where cpsat's iteration time is below hexiscale's, it did)." + (" hexiscale-released and megatron fall behind hexiscale by the factors in "
                                          "the first table (megatron runs the uniform shape that fits the smallest "
                                          "GPU)." if baselines else ""))
 

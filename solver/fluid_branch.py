@@ -392,7 +392,7 @@ def fluid_bounds_by_pipelines(tables: CostTables, *, pmax: int, upper_s: float,
     ``incumbent``: improved by the leaves' rounded masters as the search goes (bounds are then
     claimed below its final time).
     Also returns, per P, the latest run of a leaf whose greatest pipeline count is P
-    (``exact_plan.round_master`` turns its master into plans)."""
+    (``master_rounding.round_master`` turns its master into plans)."""
     rest = {P: sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P) for P in range(1, pmax + 1)}
     out = {P: min(upper_s, rest[P]) for P in rest}
     if pmax < 1:
