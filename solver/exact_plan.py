@@ -31,7 +31,6 @@ from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
 from .evaluate import Evaluation, evaluate
 from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
-from .master_rounding import round_master
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
@@ -141,16 +140,15 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     fluid: dict[int, float] = {}
 
     def take_fluid(out: FluidOutcome) -> None:
-        """Record the fluid bounds and try the plans rounded from its masters (the primal side)."""
+        """Record the fluid bounds and the best plan its rounded masters gave (the primal side)."""
         nonlocal best
         for P, b in out.bounds.items():  # two searches (odd and even P) each bound every P: keep the larger
             fluid[P] = max(fluid.get(P, 0.0), b)
         params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
-        rounded = [plan for P, solution in out.solutions.items() for plan in round_master(tables, solution, pipelines=P)]
-        for plan in (*rounded, *((out.plan,) if out.plan is not None else ())):  # the search's own best too
-            ev = evaluate(plan, profile)
+        if out.plan is not None:
+            ev = evaluate(out.plan, profile)
             if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
-                best = (plan, ev)
+                best = (out.plan, ev)
 
     parallel = opts.get("fluid_parallel")
     parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))

@@ -2,8 +2,8 @@
 that it runs on a second core while CP-SAT or the MILP works on the first.
 
 The search (:func:`.fluid_branch.fluid_bounds_by_pipelines`) is pure CPU work with its own deadline;
-the planner needs from it the per-P bounds and each P's last master solution (for rounding into
-plans). In a child both come back through a pipe; a child that fails or does not answer in time is
+the planner needs from it the per-P bounds and the best plan its masters rounded to
+(:mod:`.master_rounding`). In a child both come back through a pipe; a child that fails or does not answer in time is
 logged and treated as "no fluid bound" (the planner's other bounds still hold).
 """
 
@@ -22,23 +22,20 @@ from hexhelix.ir.plan import Plan
 from .candidates import CostTables
 from .fluid_branch import fluid_bounds_by_pipelines
 from .master_rounding import Incumbent
-from .shape_pricing import Shape
 
 __all__ = ["FluidJob", "FluidOutcome", "can_fork", "run_fluid", "start_fluid"]
 
 logger = logging.getLogger(__name__)
 
-Solutions = dict[int, tuple[tuple[Shape, float], ...]]
 GRACE_S = 10.0  # how long past its deadline the parent waits for a child before giving up on it
 
 
 @dataclass(frozen=True, slots=True)
 class FluidOutcome:
-    """Per-P lower bounds (seconds), per P the final master solution of the run that covers it, and
-    the fastest plan the search's rounded masters gave when it beat the plan it started from."""
+    """Per-P lower bounds (seconds) and the fastest plan the search's rounded masters gave, when it
+    beat the plan the search started from (every master it solved was rounded: none is left)."""
 
     bounds: dict[int, float] = field(default_factory=dict)
-    solutions: Solutions = field(default_factory=dict)
     plan: Plan | None = None
     error: str = ""
 
@@ -49,10 +46,9 @@ def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadlin
     counts ``only`` when given (the others keep their global floors). ``plan`` (of time ``upper_s``)
     seeds it and is its first incumbent."""
     incumbent = Incumbent(plan, upper_s)
-    bounds, runs = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
-                                             deadline=deadline, only=only, incumbent=incumbent)
-    return FluidOutcome(bounds=dict(bounds), solutions={P: fr.solution for P, fr in runs.items()},
-                        plan=incumbent.plan if incumbent.improved else None)
+    bounds, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
+                                          deadline=deadline, only=only, incumbent=incumbent)
+    return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent.improved else None)
 
 
 def can_fork() -> bool:
