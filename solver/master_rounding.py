@@ -4,9 +4,9 @@ The fluid master of :mod:`.fluid_bound` holds fractional pipelines of priced sha
 (:func:`round_master`) gives whole plans, which the one evaluator scores. A bound search that rounds
 each master it solves (:class:`Incumbent`) prunes and prices later leaves against the best plan so
 far instead of the heuristic it started from: on the 64-GPU generated cluster the fluid search over
-odd pipeline counts proved 2.691 s in 100 s against hexiscale's 2.876 s and 2.731 s against the
-rounded 2.780 s (2026-12-01, docs/formulation.md §15). Rounded plans are heuristics: never optimal
-by themselves.
+odd pipeline counts proved 2.691 s in 100 s against hexiscale's 2.876 s and 2.729 s once its first
+range's master rounded to a 2.780 s plan (2026-12-01, docs/formulation.md §11). Rounded plans are
+heuristics: never optimal by themselves.
 """
 
 from __future__ import annotations
