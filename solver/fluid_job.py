@@ -3,8 +3,8 @@ that it runs on a second core while CP-SAT or the MILP works on the first.
 
 The search (:func:`.fluid_branch.fluid_bounds_by_pipelines`) is pure CPU work with its own deadline;
 the planner needs from it the per-P bounds and the best plan its masters rounded to
-(:mod:`.master_rounding`). In a child both come back through a pipe; a child that fails or does not answer in time is
-logged and treated as "no fluid bound" (the planner's other bounds still hold).
+(:mod:`.master_rounding`). In a child both come back through a pipe; a child that fails or does not
+answer in time is logged and treated as "no fluid bound" (the planner's other bounds still hold).
 """
 
 from __future__ import annotations
