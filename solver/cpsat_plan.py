@@ -8,7 +8,9 @@ with this backend. Status mapping is one tested function, :func:`map_cpsat_statu
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hexhelix.ir.plan import PlanProblem
@@ -17,7 +19,9 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from .plan_formulation import BackendOutcome, LinearModel
 from .result import SolveResult
 
-__all__ = ["map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
+__all__ = ["INTERRUPT_POLL_S", "map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
+
+INTERRUPT_POLL_S = 0.1  # how often a running CP-SAT solve asks its caller whether to stop
 
 
 def map_cpsat_status(status_name: str, has_solution: bool) -> str:
@@ -40,8 +44,12 @@ def map_cpsat_status(status_name: str, has_solution: bool) -> str:
 
 
 def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, int] | None = None,
-                      seed: int = 0, workers: int = 1, log: bool = False) -> BackendOutcome:
-    """Solve ``lin`` with CP-SAT. One worker (the default) is deterministic for a fixed seed."""
+                      seed: int = 0, workers: int = 1, log: bool = False,
+                      interrupt: Callable[[], bool] | None = None) -> BackendOutcome:
+    """Solve ``lin`` with CP-SAT. One worker (the default) is deterministic for a fixed seed.
+    ``interrupt`` is polled every :data:`INTERRUPT_POLL_S` from a watcher thread while CP-SAT runs;
+    once it returns True the search stops as at its time limit (status ``timeout`` with the
+    incumbent and bound so far): the caller learnt something that may make the rest of it moot."""
     from ortools.sat.python import cp_model
 
     t0 = time.monotonic()
@@ -67,7 +75,23 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     lines: list[str] = []
     if log:
         solver.log_callback = lines.append
-    code = solver.solve(m)
+    done = threading.Event()
+    watcher = None
+    if interrupt is not None:
+        def watch() -> None:
+            while not done.wait(INTERRUPT_POLL_S):
+                if interrupt():
+                    solver.stop_search()
+                    return
+
+        watcher = threading.Thread(target=watch, name="hexhelix-cpsat-interrupt", daemon=True)
+        watcher.start()
+    try:
+        code = solver.solve(m)
+    finally:
+        done.set()
+        if watcher is not None:
+            watcher.join()
     name = solver.status_name(code)
     has = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     status = map_cpsat_status(name, has)
@@ -84,9 +108,10 @@ def plan_cpsat(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAUL
     """The exact planner with CP-SAT (see :func:`.exact_plan.solve_exact` for ``options``)."""
     from .exact_plan import solve_exact
 
-    def backend(lin: LinearModel, tl: float, hint: dict[int, int] | None) -> BackendOutcome:
+    def backend(lin: LinearModel, tl: float, hint: dict[int, int] | None,
+                interrupt: Callable[[], bool] | None = None) -> BackendOutcome:
         return solve_cpsat_model(lin, time_limit=tl, hint=hint, seed=seed, workers=options.get("workers", 1),
-                                 log=options.get("log", False))
+                                 log=options.get("log", False), interrupt=interrupt)
 
     return solve_exact(problem, backend, solver="cpsat", seed=seed, profile=profile, time_limit=time_limit,
                        options=options)

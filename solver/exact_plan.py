@@ -48,7 +48,8 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 # shape bound and found no better plan in 120 s; 5 % against 15 % (2026-12-01, one 120 s solve each):
 # gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both
 EXACT_SHARE_SPLIT = 0.05
-Backend = Callable[[LinearModel, float, "dict[int, int] | None"], BackendOutcome]
+# (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
+Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
 
 def min_gpus_per_pipeline(tables: CostTables) -> int:
@@ -255,7 +256,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     left = p_deadline - time.monotonic()
                     if left <= 0.05:
                         break
-                    out = backend(pm.lin, left, hint)
+                    # a fluid child that has answered may prove this P: stop the solve to take it in
+                    out = backend(pm.lin, left, hint, lambda: job is not None and job.ready())
                     iterations += 1
                     if out.log:
                         logs.append(f"--- P={P} iteration {iterations}\n{out.log}")

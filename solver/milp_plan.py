@@ -17,7 +17,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hexhelix.ir.errors import SolverError
@@ -201,7 +201,9 @@ def plan_milp(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT
     if backend not in BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
-    def run(lin: LinearModel, tl: float, hint: dict[int, int] | None) -> BackendOutcome:
+    def run(lin: LinearModel, tl: float, hint: dict[int, int] | None,
+            interrupt: Callable[[], bool] | None = None) -> BackendOutcome:
+        # (CBC and HiGHS run to their time limit: PuLP offers no way to stop them from outside)
         return solve_milp_model(lin, backend=backend, time_limit=tl, seed=seed, hint=hint,
                                 log=options.get("log", False))
 

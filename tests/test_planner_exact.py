@@ -7,6 +7,7 @@ is sometimes one pipeline of several stages and sometimes several pipelines with
 from __future__ import annotations
 
 import math
+import time
 from functools import cache
 
 import pytest
@@ -17,7 +18,7 @@ from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.cpsat_plan import map_cpsat_status, solve_cpsat_model
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.milp_plan import map_cbc_status, map_highs_status, solve_milp_model
-from hexhelix.solver.plan_formulation import build_plan_model
+from hexhelix.solver.plan_formulation import LinearModel, build_plan_model
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.solve import solve
 
@@ -236,3 +237,41 @@ def test_shape_bound_is_a_valid_bound_on_the_pipeline_term(name: str) -> None:
     bf = brute(name)
     assert lb is not None and lb >= tables.gpu_rate_bound() * (1 - 1e-9)
     assert lb <= max(bf.evaluation.pipeline_times_s) * (1 + 1e-9)
+
+
+def test_an_interrupted_cpsat_solve_stops_with_its_incumbent() -> None:
+    """solve_cpsat_model polls ``interrupt`` while CP-SAT runs and stops once it says so: a random
+    200-item, 10-constraint knapsack that one worker does not prove in 20 s comes back long before its
+    30 s limit, as ``timeout`` with a solution and a bound."""
+    import random
+
+    rng = random.Random(0)
+    lin = LinearModel()
+    xs = [lin.var(f"x{i}", 0, 1) for i in range(200)]
+    for k in range(10):
+        w = {x: rng.randint(10, 1000) for x in xs}
+        lin.add(w, "<=", sum(w.values()) // 3, f"cap{k}")
+    lin.objective = {x: -rng.randint(10, 1000) for x in xs}
+    asked: list[float] = []
+    t0 = time.monotonic()
+    out = solve_cpsat_model(lin, time_limit=30.0, interrupt=lambda: asked.append(time.monotonic()) or True)
+    assert out.status == "timeout" and out.values is not None and out.bound is not None
+    assert len(asked) == 1 and time.monotonic() - t0 < 15.0  # stopped at the first poll, not at the limit
+
+
+def test_a_solve_the_fluid_bounds_prove_optimal_ends_before_its_limit() -> None:
+    """4 A100 + 4 A40, Llama-2 7B: the fluid search (on a second core) proves every pipeline count
+    within the optimality tolerance in seconds; the exact models then stop (a running CP-SAT solve is
+    interrupted once the child answers) instead of using the rest of the limit."""
+    from hexhelix.solver.fluid_job import can_fork
+
+    if not can_fork():
+        pytest.skip("the fluid search runs in a forked child on a second core only")
+    cl = Cluster.from_dict({"name": "gen-8", "inter_GBps": 25, "nodes": [
+        {"name": "a100-0", "gpu": "A100-SXM4-80GB", "count": 4, "intra_GBps": 300},
+        {"name": "a40-0", "gpu": "A40", "count": 4, "intra_GBps": 25}]})
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full"))
+    res = solve(pb, "cpsat", time_limit=120.0)
+    assert res.status is SolveStatus.OPTIMAL and res.params["fluid_parallel"]
+    assert res.solve_time_s < 40.0  # (61 s of the limit without the interrupt; ~5 s with it)
