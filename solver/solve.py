@@ -23,7 +23,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from .evaluate import evaluate
 from .result import SolveResult, SolveStatus
 
-__all__ = ["EXACT_METHODS", "HEURISTIC_METHODS", "METHODS", "compare", "relative_to_bound", "solve"]
+__all__ = ["EXACT_METHODS", "HEURISTIC_METHODS", "METHODS", "check_time_limit", "compare", "relative_to_bound", "solve"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,13 @@ def _resolve(method: str) -> Callable[..., SolveResult]:
     return getattr(mod, func)
 
 
+def check_time_limit(time_limit: float | None) -> None:
+    """A time limit is None (the method's default) or a positive, finite number of seconds."""
+    if time_limit is not None and not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit)
+                                       and time_limit > 0):
+        raise InvalidInputError(f"must be a positive number of seconds, got {time_limit!r}", field="--time-limit")
+
+
 def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
           time_limit: float | None = None, options: dict[str, Any] | None = None) -> SolveResult:
     """Plan ``problem`` with ``method``; never raises for "no plan" (that is a status).
@@ -63,9 +70,11 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``max_model_rows``,
     ``export_model``); heuristics get seed, profile and time
     limit only. A heuristic module that is not installed yields status ``error`` with the reason.
+    A time limit that is not a positive number of seconds is bad input (:class:`InvalidInputError`).
     """
     opts = dict(options or {})
     t0 = time.monotonic()
+    check_time_limit(time_limit)
     try:
         fn = _resolve(method)
     except ImportError as err:
@@ -99,6 +108,7 @@ def compare(problem: PlanProblem, methods: list[str], options: dict[str, Any] | 
             on_result: Callable[[SolveResult], None] | None = None) -> list[SolveResult]:
     """Run every method in ``methods`` on ``problem`` (same seed, profile and time limit)."""
     out: list[SolveResult] = []
+    check_time_limit(time_limit)
     for m in methods:
         try:
             r = solve(problem, m, seed=seed, profile=profile, time_limit=time_limit, options=options)
