@@ -91,6 +91,14 @@ def test_a_time_limit_that_is_not_a_positive_number_of_seconds_is_one_line(capsy
     assert code == 2 and len(err) == 1 and "--time-limit" in err[0] and "positive" in err[0]
 
 
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_fewer_than_one_worker_is_one_line(capsys, cluster_file: Path, command: str) -> None:
+    argv = [command, *tiny_args(cluster_file), "--workers", "0"] + (["--solver", "cpsat"] if command == "plan" else [])
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--workers" in err[0]
+
+
 def test_compare_json(capsys, cluster_file: Path) -> None:
     pytest.importorskip("hexhelix.solver.megatron")
     code, d = run_json(capsys, ["compare", *tiny_args(cluster_file), "--solvers", "cpsat,megatron", "--json"])

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import SCHEDULES, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
@@ -53,6 +54,8 @@ def add_solver_args(p: argparse.ArgumentParser) -> None:
 
 def solver_options(args: argparse.Namespace, method: str) -> tuple[str, dict[str, Any]]:
     """(registry method name, options) from the flags; ``milp`` picks up --backend."""
+    if args.workers < 1:
+        raise InvalidInputError(f"must be a positive integer, got {args.workers}", field="--workers")
     opts: dict[str, Any] = {"workers": args.workers, "log": args.log, "warm_start": not args.no_warm_start}
     if getattr(args, "export_model", None):
         opts["export_model"] = args.export_model
