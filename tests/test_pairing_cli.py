@@ -47,6 +47,10 @@ def test_text_output_picks_first_node_large_enough(capsys: pytest.CaptureFixture
     (["--tp", "4", "--node", "nope"], "no node named"),
     (["--tp", "4", "--plan", "missing.json"], "missing.json"),
     (["--tp", "4", "--sp", "--no-sp"], "--sp"),
+    (["--tp", "4", "--time-limit", "nan"], "--time-limit"),
+    (["--tp", "4", "--time-limit", "0"], "--time-limit"),
+    (["--tp", "4", "--workers", "0"], "--workers"),
+    (["--tp", "4", "--block-overhead-us", "-1"], "--block-overhead-us"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], extra: list[str], needle: str) -> None:
     assert main([*BASE, "--solver", "sequential", *extra]) == 2

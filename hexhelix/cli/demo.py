@@ -102,9 +102,10 @@ class _Tour:
 def run(args: argparse.Namespace) -> int:
     if args.global_batch < 1:
         raise InvalidInputError(f"must be >= 1, got {args.global_batch}", field="--global-batch")
+    from hexhelix.solver.solve import check_time_limit
+
     limit = args.time_limit if args.time_limit is not None else (3.0 if args.quick else 10.0)
-    if not limit > 0:
-        raise InvalidInputError(f"must be positive, got {limit}", field="--time-limit")
+    check_time_limit(limit)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

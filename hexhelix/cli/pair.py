@@ -52,12 +52,15 @@ def run(args: argparse.Namespace) -> int:
         solve_pairing_all,
     )
     from hexhelix.solver.pairing_costs import build_pairing_problem
+    from hexhelix.solver.solve import check_time_limit
 
     if args.sp and args.no_sp:
         raise InvalidInputError("choose one of --sp and --no-sp", field="--sp")
-    if args.time_limit <= 0 or args.block_overhead_us < 0 or args.workers < 1:
-        raise InvalidInputError("--time-limit and --workers must be positive, --block-overhead-us >= 0",
-                                field="--time-limit")
+    check_time_limit(args.time_limit)
+    if args.workers < 1:
+        raise InvalidInputError(f"must be a positive integer, got {args.workers}", field="--workers")
+    if not args.block_overhead_us >= 0:
+        raise InvalidInputError(f"must be >= 0, got {args.block_overhead_us}", field="--block-overhead-us")
     cluster, model, train, profile = load_inputs(args)
     assert cluster is not None
     if args.tp < 1:
