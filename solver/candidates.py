@@ -205,7 +205,7 @@ class CostTables:
     def _admissible_links(self) -> dict[int, list[cost.Link]]:
         cl = self.problem.cluster
         n = len(cl.nodes)
-        every = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
+        every = cost.cluster_links(cl)
         out: dict[int, list[cost.Link]] = {}
         for a in range(n):
             top = max(cost.link_order(cost.cluster_link(cl, a, b)) for b in range(n))

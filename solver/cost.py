@@ -21,6 +21,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "boundary_bytes",
     "cluster_link",
+    "cluster_links",
     "collective_steps",
     "collective_time",
     "gpu_peak_flops",
@@ -367,3 +368,10 @@ def cluster_link(cluster: Cluster, node_a: int, node_b: int) -> Link:
     """The cost model's view of the link between two nodes (intra-node when equal)."""
     bw, lat = cluster.node_link(node_a, node_b)
     return Link(bw, lat)
+
+
+def cluster_links(cluster: Cluster) -> list[Link]:
+    """Every distinct link of the cluster (inside a node or between two), each (bandwidth, latency)
+    once: what a minimum over links needs (64 nodes have 2,080 pairs but a few distinct links)."""
+    n = len(cluster.nodes)
+    return list(dict.fromkeys(cluster_link(cluster, a, b) for a in range(n) for b in range(a, n)))

@@ -574,7 +574,7 @@ def sync_lower_bound(tables: CostTables, pipelines: int) -> float:
         # the P holders of a piece (one GPU per pipeline) cannot share one node: their slowest link
         # is no faster than the fastest link between two nodes (gradsync's ordering)
         key = cost.link_order
-        links = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
+        links = cost.cluster_links(cl)
         top = max(key(cost.cluster_link(cl, a, b)) for a in range(n) for b in range(n) if a != b)
         payload = share * tables.problem.training.dtype_bytes
         heavy = max(heavy, min(cost.collective_time(OpClass.ALL_REDUCE, pipelines, payload, lk, tables.profile)

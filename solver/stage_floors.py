@@ -112,7 +112,7 @@ def class_links(tables: CostTables, node: int) -> dict[int, list[cost.Link]]:
     piece's holders is one of these."""
     cl = tables.problem.cluster
     n = len(cl.nodes)
-    every = [cost.cluster_link(cl, a, b) for a in range(n) for b in range(a, n)]
+    every = cost.cluster_links(cl)
     out = {OPEN: tables.admissible_links(node), LOCAL: [cost.cluster_link(cl, node, node)]}
     if n > 1:
         top = max(cost.link_order(cost.cluster_link(cl, node, b)) for b in range(n) if b != node)

@@ -235,3 +235,22 @@ def test_wshape_with_m_at_most_P_matches_the_simulator(P: int, m: int, f: float,
 def test_wshape_compute_split_must_match_the_stages() -> None:
     with pytest.raises(ValueError, match="2 \\(f, b\\) pairs for 3 stages"):
         cost.wshape_pipeline_time([3.0] * 3, [0.0] * 3, 2, [(1.0, 2.0)] * 2)
+
+
+def test_cluster_links_are_the_distinct_links_of_every_node_pair() -> None:
+    """Minima over links take each (bandwidth, latency) once: 16 alternating A100/A40 nodes have 136
+    node pairs but three links (two intra-node kinds and the inter-node one), and a per-pair link
+    override adds one more."""
+    from hexhelix.ir.cluster import Cluster
+    from hexhelix.solver.cost import cluster_link, cluster_links
+
+    nodes = [{"name": f"n{i}", "gpu": "A100-SXM4-80GB" if i % 2 == 0 else "A40", "count": 8,
+              "intra_GBps": 300 if i % 2 == 0 else 25} for i in range(16)]
+    cl = Cluster.from_dict({"name": "gen", "nodes": nodes, "inter_GBps": 25})
+    every = {cluster_link(cl, a, b) for a in range(16) for b in range(a, 16)}
+    assert sorted(cluster_links(cl), key=lambda lk: (lk.bandwidth, lk.latency)) == \
+        sorted(every, key=lambda lk: (lk.bandwidth, lk.latency))
+    assert len(cluster_links(cl)) == 3
+    cl2 = Cluster.from_dict({"name": "gen", "nodes": nodes, "inter_GBps": 25,
+                             "links": [{"between": ["n0", "n5"], "GBps": 5}]})
+    assert len(cluster_links(cl2)) == 4
