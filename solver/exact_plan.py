@@ -210,6 +210,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     iterations = 0
     models: dict[int, Any] = {}
     skipped: set[int] = set()
+    too_big: dict[int, int] = {}  # P -> estimated rows of a model not built (one warning for all, below)
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
     def model_passes(until: float) -> None:
@@ -236,7 +237,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     K = max(1, min(L, N - (P - 1) * gmin))
                     size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
                     if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
-                        logger.warning("P=%d: model of ~%d rows skipped (max_model_rows)", P, size)
+                        too_big[P] = size
                         bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
                         skipped.add(P)
                         continue
@@ -303,6 +304,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
             settle_fluid()
         model_passes(solve_deadline)
+    _warn_too_big(too_big, int(opts.get("max_model_rows", 400_000)))
     if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P
@@ -336,6 +338,15 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     else:
         status, reason = SolveStatus.FEASIBLE, f"stopped with gap {gap:.2%} (not proven)"
     return result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
+
+
+def _warn_too_big(too_big: dict[int, int], limit: int) -> None:
+    """One line for every P-model too big to build (at 512 GPUs that is each of 256 counts)."""
+    if too_big:
+        ps, rows = sorted(too_big), too_big.values()
+        which = f"P={ps[0]}" if len(ps) == 1 else f"{len(ps)} pipeline counts in {ps[0]}..{ps[-1]}"
+        logger.warning("%s: model of ~%d–%d rows skipped (max_model_rows %d); their bound is the fluid or "
+                       "total-work bound", which, min(rows), max(rows), limit)
 
 
 def _rounding_ticks(M: int, K: int, L: int) -> float:
