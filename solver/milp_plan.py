@@ -156,11 +156,19 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
                                            threads=1, options=[f"randomSeed {seed + 1}", "integerT 1e-9"])
             if not solver.available():
                 raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
-            prob.solve(solver)
+            t_cbc = time.monotonic()
+            try:
+                prob.solve(solver)
+                failed = False
+            except pulp.PulpSolverError:  # CBC wrote no solution file: stopped (e.g. by its limit) before one
+                failed = True
             with open(path) as fh:
                 text = fh.read()
         finally:
             os.unlink(path)
+        if failed:  # at its time limit that is a timeout without a solution, else the backend failed
+            status = "timeout" if time.monotonic() - t_cbc >= 0.9 * tl else "error"
+            return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "")
         status = map_cbc_status(prob.status, prob.sol_status)
         has = prob.sol_status in (1, 2)
         obj = pulp.value(prob.objective) if has else None
