@@ -275,3 +275,38 @@ def test_a_solve_the_fluid_bounds_prove_optimal_ends_before_its_limit() -> None:
     res = solve(pb, "cpsat", time_limit=120.0)
     assert res.status is SolveStatus.OPTIMAL and res.params["fluid_parallel"]
     assert res.solve_time_s < 40.0  # (61 s of the limit without the interrupt; ~5 s with it)
+
+
+def test_cbc_writing_no_solution_file_is_an_outcome_not_a_traceback(monkeypatch, examples_dir) -> None:
+    """PuLP raises when CBC leaves no solution file (seen on hexiscale-het1 with LLaMA 30B at a 1 s
+    limit): the backend reports a timeout at its limit, an error before it — never a traceback."""
+    import pulp
+    from hexhelix.ir.cluster import load_cluster
+
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het1.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama-30b"],
+                     training=TrainingConfig(global_batch=64, seq_len=2048, recompute="full"))
+    tables = build_tables(pb)
+    pm = build_plan_model(tables, 1, 32, 1e9 / tables.gpu_rate_bound())
+    out = solve_milp_model(pm.lin, backend="cbc", time_limit=1)  # the real binary, whatever it manages
+    assert out.status in ("timeout", "optimal")
+
+    def no_file(self, solver=None, **kwargs):
+        raise pulp.PulpSolverError("Pulp: Error while trying to execute cbc")
+
+    monkeypatch.setattr(pulp.LpProblem, "solve", no_file)
+    out = solve_milp_model(pm.lin, backend="cbc", time_limit=30)
+    assert (out.status, out.values, out.bound) == ("error", None, None)  # it failed long before its limit
+
+
+def test_models_too_big_to_build_are_reported_in_one_warning(caplog) -> None:
+    """Every pipeline count whose model exceeds max_model_rows is named in a single warning (at 512
+    GPUs that was 256 lines), and the solve still returns the incumbent with a valid bound."""
+    pb = problem("multi-pipeline")
+    with caplog.at_level("WARNING", logger="hexhelix.solver.exact_plan"):
+        r = solve(pb, "cpsat", time_limit=5, options={"max_model_rows": 1})
+    lines = [rec.getMessage() for rec in caplog.records if "max_model_rows" in rec.getMessage()]
+    assert len(lines) == 1
+    assert "skipped (max_model_rows 1)" in lines[0]
+    assert r.plan is not None and r.bound_s is not None
+    assert r.bound_s <= brute("multi-pipeline").iteration_time_s * (1 + REL)
