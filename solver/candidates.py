@@ -202,6 +202,17 @@ class CostTables:
         return self._admissible_links[node]
 
     @cached_property
+    def inter_node_links(self) -> list[cost.Link]:
+        """Cluster links no faster (gradsync's ordering) than the fastest link between two different
+        nodes: the slowest link among holders on two nodes is one of these (none on one node)."""
+        cl = self.problem.cluster
+        n = len(cl.nodes)
+        if n < 2:
+            return []
+        top = max(cost.link_order(cost.cluster_link(cl, a, b)) for a in range(n) for b in range(a + 1, n))
+        return [lk for lk in cost.cluster_links(cl) if cost.link_order(lk) <= top]
+
+    @cached_property
     def _admissible_links(self) -> dict[int, list[cost.Link]]:
         cl = self.problem.cluster
         n = len(cl.nodes)

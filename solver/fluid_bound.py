@@ -569,14 +569,10 @@ def sync_lower_bound(tables: CostTables, pipelines: int) -> float:
     share = model.total_params / max(1, tables.problem.cluster.num_gpus // pipelines)
     heavy = min(tables.sync_layer_lb(o.index, pipelines, share * o.tp) for o in tables.options)
     cl = tables.problem.cluster
-    n = len(cl.nodes)
-    if n > 1 and pipelines > max(node.count for node in cl.nodes):
+    if len(cl.nodes) > 1 and pipelines > max(node.count for node in cl.nodes):
         # the P holders of a piece (one GPU per pipeline) cannot share one node: their slowest link
         # is no faster than the fastest link between two nodes (gradsync's ordering)
-        key = cost.link_order
-        links = cost.cluster_links(cl)
-        top = max(key(cost.cluster_link(cl, a, b)) for a in range(n) for b in range(n) if a != b)
         payload = share * tables.problem.training.dtype_bytes
         heavy = max(heavy, min(cost.collective_time(OpClass.ALL_REDUCE, pipelines, payload, lk, tables.profile)
-                               for lk in links if key(lk) <= top))
+                               for lk in tables.inter_node_links))
     return max(0.0, first, last, heavy)
