@@ -13,7 +13,7 @@ section; ``--full`` (every cluster, 7B/13B/30B, all six solvers, scaling 8..512 
 run is a reduced smoke run (a subset, 20 s limits) that only prints.
 
     python benchmarks/planner.py --goal                   # 9 clusters x 120 s: ~25 min
-    python benchmarks/planner.py --full --time-limit 20   # ~40 min
+    python benchmarks/planner.py --full --time-limit 15   # ~58 min on 2 cores
     python benchmarks/planner.py                          # reduced, printed only
 """
 
