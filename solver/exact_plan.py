@@ -211,6 +211,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     models: dict[int, Any] = {}
     skipped: set[int] = set()
     too_big: dict[int, int] = {}  # P -> estimated rows of a model not built (one warning for all, below)
+    max_rows = int(opts.get("max_model_rows", 400_000))
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
     def model_passes(until: float) -> None:
@@ -236,7 +237,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 if P not in models:
                     K = max(1, min(L, N - (P - 1) * gmin))
                     size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
-                    if size > int(opts.get("max_model_rows", 400_000)):  # too big to build: bound stays the rate bound
+                    if size > max_rows:  # too big to build: bound stays the rate bound
                         too_big[P] = size
                         bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
                         skipped.add(P)
@@ -304,7 +305,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
             settle_fluid()
         model_passes(solve_deadline)
-    _warn_too_big(too_big, int(opts.get("max_model_rows", 400_000)))
+    _warn_too_big(too_big, max_rows)
     if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
         job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
     elif job is not None:  # the child's bounds join the exact models' ones, P by P
