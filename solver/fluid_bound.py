@@ -331,11 +331,12 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
 def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, float]:
     """Least t in [lo, hi] with V_R(t) ≥ M (bisection; V_R is nondecreasing in t; hi if none) and
     the greatest t seen below it (lo if none)."""
-    if master.value(hi) < M:
+    reach = M * (1 - 1e-9)  # V_R ≥ M up to the LP's rounding (an LP value of M − 1e-11 is M)
+    if master.value(hi) < reach:
         return hi, hi
     for _ in range(40):
         mid = 0.5 * (lo + hi)
-        if master.value(mid) >= M:
+        if master.value(mid) >= reach:
             hi = mid
         else:
             lo = mid

@@ -23,6 +23,7 @@ from hexhelix.solver.exact_plan import max_pipelines
 from hexhelix.solver.fluid_bound import (
     _Floors,
     _Master,
+    _master_root,
     certificate,
     fluid_lower_bound,
     optimizer_lower_bound,
@@ -721,3 +722,16 @@ def test_the_kept_master_model_gives_the_values_of_a_fresh_one_as_columns_arrive
             assert kept.value(float(t)) == pytest.approx(want, rel=1e-7, abs=1e-9)
             checked += want > 0
     assert checked >= 6
+
+
+def test_the_masters_root_takes_an_lp_value_a_rounding_short_of_the_batch_for_the_batch() -> None:
+    """V_R is a step function with whole micro-batches, and HiGHS reports a value of M as M − 1e-11:
+    the bisection must take that as reaching M, or it climbs to the incumbent and its duals (taken
+    where V_R = M) prove only the step below (seen on hexiscale-het2, P = 4: 7.677 instead of 7.602)."""
+
+    class Step:
+        def value(self, t: float) -> float:
+            return 64.0 - 1e-11 if t >= 7.6 else 63.7
+
+    est, below = _master_root(Step(), 64, 7.5, 7.677)  # type: ignore[arg-type]
+    assert est == pytest.approx(7.6, abs=1e-5) and below < 7.6 <= est
