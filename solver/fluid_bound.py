@@ -47,6 +47,7 @@ import heapq
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import highspy
@@ -91,6 +92,7 @@ class FluidResult:
     replicas: int = 1
     rest_s: float = 0.0
     whole: bool = False  # the master counted whole micro-batches per column (its second phase)
+    exact: bool = False  # its whole-batch certificates priced narrow boxes exactly (Pareto labels)
 
 
 def optimizer_lower_bound(tables: CostTables, pipelines: int = 1) -> float:
@@ -291,6 +293,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     # every plan here runs longer than its sync + optimizer time, which is at least rest_s (the floor a
     # W cell raises: its bound holds from the start, before any certificate closes)
     lb, est, it, converged, duals, retry = min(max(lb_s, rest_s), upper_s), upper_s, 0, False, None, False
+    budget = DP_CALLS  # DP calls per certificate (raised when one runs out of them unclosed)
     while it < max_iterations and (deadline is None or time.monotonic() < deadline):
         it += 1
         est, below = _master_root(master, M, lb, upper_s)
@@ -299,7 +302,8 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         # price only as precisely as the current gap needs (tight at the end: rel_tol/10)
         rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 and not retry else 0.1 * rel_tol
         retry = False
-        cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, rel=rel, replicas=replicas,
+        cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, max_dp=budget, rel=rel,
+                                       replicas=replicas,
                                        rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap,
                                        exact_whole=exact_whole)
         duals = (tuple(pi.tolist()), mu)
@@ -313,6 +317,12 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
             if tight and rel > 0.1 * rel_tol * (1 + 1e-9):
                 retry = True
                 continue  # closed only to a loose tolerance: price again, tightest
+            if master.whole and not tight and not exact_whole and ESCALATE_EXACT and pr.engine == "jit":
+                exact_whole = retry = True  # the Lagrangian boxes stopped short: price them exactly
+                continue
+            if not tight and budget < DP_RAISE * DP_CALLS:
+                budget, retry = 2 * budget, True  # the pricing ran out of boxes before it closed: more
+                continue
             converged = tight
         else:
             continue
@@ -325,7 +335,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     return FluidResult(lb_s=lb, upper_s=est, iterations=it, columns=len(master.cols), converged=converged,
                        shapes=tuple(master.cols), last_duals=duals, solution=solution,
                        floors=tuple(floors(sh) for sh, _ in solution), replicas=replicas,
-                       rest_s=rest_s, whole=master.whole)
+                       rest_s=rest_s, whole=master.whole, exact=exact_whole and master.whole)
 
 
 def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, float]:
@@ -346,27 +356,34 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
 
 
 LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
+DP_CALLS = 400  # a certificate's DP calls before it stops unclosed (then doubled, up to DP_RAISE×)
+DP_RAISE = 8
+ESCALATE_EXACT = True  # a whole-batch certificate whose Lagrangian boxes stop unclosed: price them exactly
 LABEL_SPAN = 0.05  # whole-batch boxes with hi ≤ lo·(1 + this) (and their halves) are priced by labels
 
 
 def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
-                 deadline: float | None, max_dp: int = 400, rel: float = 1e-5, *, replicas: int = 1,
+                 deadline: float | None, max_dp: int = DP_CALLS, rel: float = 1e-5, *, replicas: int = 1,
                  rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
                  whole: bool = False, w_cap: float = math.inf,
                  exact_whole: bool = False) -> tuple[float, list[Shape], bool]:
     """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
-    over boxes of (U, W); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes of (U, W, π·g)
-    (:func:`_box_bound`; a box flat in all three is a Lagrangian bound, so the search stops
-    unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U (hi ≤
-    lo·(1 + LABEL_SPAN)) or flat in U and W, whose floor term is then exact (Pareto labels of S and
-    π·g, :meth:`.ShapePricer.solve_whole`): slower, kept for leaves nothing else can raise.
+    over boxes of (U, max σ, max o); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes
+    that also cut π·g (:func:`_box_bound`; a box flat in all of them is a Lagrangian bound, so the
+    search stops unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U
+    (hi ≤ lo·(1 + LABEL_SPAN)) or flat in U, σ and o, whose floor term is then exact (Pareto labels
+    of S and π·g, :meth:`.ShapePricer.solve_whole`): slower, kept for leaves nothing else can raise.
 
-    Box U ∈ (lo, hi], W ∈ (a, b]: every shape in it has value ≥ DP(hi, b; lo) + max(a, R) +
-    min(lo·κ, hi·κ), DP(hi, b; v) = min S + v·π·g over shapes with every u ≤ hi and every w ≤ b.
-    Returns the proven minimum (the least box bound), the argmin shapes met on the way (new columns)
-    and whether the search closed (least bound within ``rel`` of the best shape found) rather than
-    hit a limit. The box of least bound is cut along the dimension whose relaxation costs its best
-    shape more."""
+    Box U ∈ (lo, hi], max σ ∈ (a, b], max o ∈ (oa, ob]: every shape in it has W ≥ w(box) :=
+    max(R, a⁺ + oa⁺) (its largest sync and its largest optimizer step, :func:`.stage_floors.stage_maxima`)
+    and value ≥ DP(hi, b, ob; lo) + w(box) + min(lo·κ, hi·κ), DP = min S + lo·π·g over shapes with
+    every u ≤ hi, σ ≤ b and o ≤ ob (:func:`.stage_floors.sync_tables`). The two W dimensions let the
+    search close on shapes whose sync and optimizer maxima sit on different stages, which one cap on
+    w = σ + o per stage cannot see (hexiscale-het3: a 4090 stage's sync beside an A100 stage's AdamW
+    step over 25 layers). Returns the proven minimum (the least box bound), the argmin shapes met on
+    the way (new columns) and whether the search closed (least bound within ``rel`` of the best shape
+    found) rather than hit a limit. The box of least bound is cut along the dimension whose
+    relaxation costs its best shape most."""
     pr = pricer_for(tables)
     floors = _Floors(tables, replicas, rest_s, locality, w_cap)
     extras = floors.extras
@@ -386,12 +403,23 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     w_top = min(top, w_cap)  # plans of a W cell have W ≤ w_cap
     if w0 > w_top:
         return top, [], True  # no shape of the cell fits: its plans (none) finish after any time
+    base = pr.sync_tables(extras, math.inf, w_cap)
+    s_fin = [(float(t[np.isfinite(t)].min()), float(t[np.isfinite(t)].max()))
+             for t in (base.mid, base.first, base.last, base.single) if np.isfinite(t).any()]
+    s0 = max(0.0, min((a for a, _ in s_fin), default=0.0))  # no stage syncs in less (nor a shape's largest)
+    s_top = min(w_top, max((b for _, b in s_fin), default=0.0))  # nor in more
+    o_all = extras.opt if extras.opt is not None else np.zeros(1)
+    o0, o_top = float(o_all.min()) * (1 - 1e-9), min(w_top, float(o_all.max()))
     u_edges = list(np.geomspace(lo0, top, 9))
-    w_edges = [-math.inf, w0] + (list(np.geomspace(max(w0, 1e-9 * w_top), w_top, 3)[1:]) if w_top > w0 > 0 else
-                                 [w_top] if w_top > w0 else [])
-    boxes0 = [(u_edges[i], u_edges[i + 1], w_edges[j], w_edges[j + 1], 0.0, math.inf)
-              for i in range(len(u_edges) - 1) for j in range(len(w_edges) - 1)]
-    heap: list[tuple[float, int, tuple[float, float, float, float, float, float], Shape]] = []
+    # (boxes above the largest stage σ or o would repeat the one below: the DP caps only from above)
+    s_edges = [-math.inf, s0] + (list(np.geomspace(s0, s_top, 3)[1:]) if s_top > s0 > 0 else
+                                 [s_top] if s_top > s0 else [])
+    o_edges = [-math.inf, o0] + (list(np.geomspace(o0, o_top, 3)[1:]) if o_top > o0 > 0 else [])
+    o_edges[-1] = math.inf  # (no stage's optimizer part is above o_top: the last box is the base tables)
+    # a box: (lo, hi, a, b, g0, g1, oa, ob) — U, max σ, π·g (whole batches), max o
+    boxes0 = [(u_edges[i], u_edges[i + 1], s_edges[j], s_edges[j + 1], 0.0, math.inf, o_edges[k], o_edges[k + 1])
+              for i in range(len(u_edges) - 1) for j in range(len(s_edges) - 1) for k in range(len(o_edges) - 1)]
+    heap: list[tuple[float, int, tuple[float, ...], Shape]] = []
     found: dict[tuple, Shape] = {}
     best_exact = math.inf
     tie = 0
@@ -415,63 +443,77 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     def value(s: Shape) -> float:
         return s.total + floors(s) + s.bottleneck * k_of(s) if whole else linear(s)
 
-    lams = LAMBDAS if whole else (1.0,)
+    def w_of(box: tuple[float, ...]) -> float:  # the box's floor on W: least max σ plus least max o
+        return max(rest_s, max(s0, box[2]) + max(o0, box[6]))
+
+    def tables_of(box: tuple[float, ...]) -> StageExtras:
+        return base if box[7] >= o_top else pr.sync_tables(extras, box[7], w_cap)
+
+    # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + lo/(1 + κ)·π·g] + W —
+    # a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
+    steep = not whole and -1.0 + 1e-12 < kappa < 0.0
+    lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0,)
     J, one = len(lams), lams.index(1.0)
     labels = whole and exact_whole and pr.engine == "jit"  # boxes flat in U and W: exact in π·g
     relaxed = False
 
-    def push_labels(boxes: list[tuple[float, float, float, float, float, float]], floor: float) -> None:
-        """Whole batches by Pareto labels: each box's bound is its exact least S + lo·k + max(a, R)
+    def push_labels(boxes: list[tuple[float, ...]], floor: float) -> None:
+        """Whole batches by Pareto labels: each box's bound is its exact least S + lo·k + w(box)
         (at least ``floor``, the bound it had); the boxes come back marked exact (g0 = −1)."""
         nonlocal best_exact, tie, relaxed
-        lows = np.array([b[0] if b[0] > lo0 else -math.inf for b in boxes])
-        # shapes at or above the best one found (or top) need no label: the certificate is at most its value
-        ubs = np.array([min(top, best_exact) - max(b[2], rest_s) for b in boxes])
-        vals, shapes, rx = pr.solve_whole(np.array([b[1] for b in boxes]), lows, np.array([b[3] for b in boxes]),
-                                          np.array([b[0] for b in boxes]), kp, ubs, pi, extras)
-        relaxed = relaxed or rx
-        for i, box in enumerate(boxes):
-            s = shapes[i]
-            if s is None:
-                continue
-            tie += 1
-            heapq.heappush(heap, (max(floor, float(vals[i]) + max(box[2], rest_s)), tie, (*box[:4], -1.0, math.inf), s))
-            exact = value(s)
-            if exact < best_exact:
-                best_exact = exact
-            found.setdefault(s.stages, s)
-
-    def push(boxes: list[tuple[float, float, float, float, float, float]]) -> None:
-        nonlocal best_exact, tie
-        los = np.array([b[0] for b in boxes])
-        lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
-        # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
-        # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
-        lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in boxes], J) if whole else None
-        his, bs = np.array([b[1] for b in boxes]), np.array([b[3] for b in boxes])
-        vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
-                                bs if J == 1 else np.repeat(bs, J), extras, lows)
-        vals = vals.reshape(len(boxes), J)
-        for i, box in enumerate(boxes):
-            s = shapes[i * J + one]
-            if s is None:
-                continue
-            lo, hi, a, _, g0, g1 = box
-            if whole:
-                bound = _box_bound(vals[i], lam[i], lo, kp, top, g0, g1) + max(a, rest_s)
-            else:
-                bound = vals[i, one] + max(a, rest_s) + min(lo * kappa, hi * kappa)
-            tie += 1
-            heapq.heappush(heap, (bound, tie, box, s))
-            for s2 in shapes[i * J: (i + 1) * J]:
-                if s2 is None:
+        for ex, group in _by_tables(boxes, tables_of):
+            lows = np.array([b[0] if b[0] > lo0 else -math.inf for b in group])
+            # shapes at or above the best one found (or top) need no label: the certificate is at most its value
+            ubs = np.array([min(top, best_exact) - w_of(b) for b in group])
+            vals, shapes, rx = pr.solve_whole(np.array([b[1] for b in group]), lows, np.array([b[3] for b in group]),
+                                              np.array([b[0] for b in group]), kp, ubs, pi, ex)
+            relaxed = relaxed or rx
+            for i, box in enumerate(group):
+                s = shapes[i]
+                if s is None:
                     continue
-                exact = value(s2)
+                tie += 1
+                heapq.heappush(heap, (max(floor, float(vals[i]) + w_of(box)), tie,
+                                      (*box[:4], -1.0, math.inf, *box[6:]), s))
+                exact = value(s)
                 if exact < best_exact:
                     best_exact = exact
-                found.setdefault(s2.stages, s2)
+                found.setdefault(s.stages, s)
 
-    def split(children: list[tuple[float, float, float, float, float, float]], parent: float) -> None:
+    def push(boxes: list[tuple[float, ...]]) -> None:
+        nonlocal best_exact, tie
+        for ex, group in _by_tables(boxes, tables_of):
+            los = np.array([b[0] for b in group])
+            lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
+            # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
+            # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
+            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole else None
+            his, bs = np.array([b[1] for b in group]), np.array([b[3] for b in group])
+            vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
+                                    bs if J == 1 else np.repeat(bs, J), ex, lows)
+            vals = vals.reshape(len(group), J)
+            for i, box in enumerate(group):
+                s = shapes[i * J + one]
+                if s is None:
+                    continue
+                lo, hi, _, _, g0, g1 = box[:6]
+                if whole:
+                    bound = _box_bound(vals[i], lam[i], lo, kp, top, g0, g1) + w_of(box)
+                else:
+                    bound = vals[i, one] + w_of(box) + min(lo * kappa, hi * kappa)
+                    if steep:
+                        bound = max(bound, (1.0 + kappa) * vals[i, 1] + w_of(box))
+                tie += 1
+                heapq.heappush(heap, (bound, tie, box, s))
+                for s2 in shapes[i * J: (i + 1) * J]:
+                    if s2 is None:
+                        continue
+                    exact = value(s2)
+                    if exact < best_exact:
+                        best_exact = exact
+                    found.setdefault(s2.stages, s2)
+
+    def split(children: list[tuple[float, ...]], parent: float) -> None:
         """Price a cut box's two halves: by labels once the box is exact or narrow in U (few shapes
         fit, so the fronts stay short), else by the Lagrangian DPs."""
         lo, hi, g0 = children[0][0], children[-1][1], children[0][4]
@@ -480,13 +522,20 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         else:
             push(children)
 
+    def cut(lo_: float, hi_: float) -> float:  # the split point of (lo_, hi_]: geometric where it can be
+        return math.sqrt(lo_ * hi_) if lo_ > 0 else 0.5 * (lo_ + hi_)
+
     push(boxes0)
     calls, closed = 1, not heap
     while heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
-        bound, _, (lo, hi, a, b, g0, g1), s = heap[0]
-        a_eff = max(a, rest_s)
+        bound, _, box, s = heap[0]
+        lo, hi, a, b, g0, g1, oa, ob = box
+        a_eff, b_eff = max(a, s0), min(b, w_top)
+        oa_eff, ob_eff = max(oa, o0), min(ob, o_top)
         u_flat = hi <= lo * (1 + 1e-9)
-        w_flat = b - a_eff <= 1e-9 * max(1.0, abs(b))
+        s_flat = b_eff - a_eff <= 1e-9 * max(1.0, abs(b_eff))
+        o_flat = ob_eff - oa_eff <= 1e-9 * max(1.0, abs(ob_eff))
+        w_flat = s_flat and o_flat
         g_flat = not whole or g0 < 0 or min(g1, g_top) - g0 <= 1e-9 * max(1.0, g0)
         # closed: the least bound reaches the best shape found, or it is a point box (exact; with
         # whole batches a point of π·g is still a Lagrangian bound, and so is a label front that
@@ -495,31 +544,52 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             closed = bound >= best_exact - rel * abs(best_exact) or not whole or (g0 < 0 and not relaxed)
             break
         heapq.heappop(heap)
-        # which relaxation costs the box's own argmin more: U at lo or W at a? (then π·g: whole batches)
+        # which relaxation costs the box's own argmin most: U at lo, max σ at a or max o at oa?
+        # (then π·g: whole batches)
         if whole:
             slack_u = (s.bottleneck - lo) * k_of(s)
         else:
             slack_u = (s.bottleneck - lo) * pg(s) + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
-        slack_w = 0.0 if w_flat else floors(s) - a_eff
+        _, sig, opt = pr.stage_maxima(s.stages, extras)
+        slack_w = floors(s) - w_of(box)  # what the box's W floor misses of the shape's own W
+        slack_s = 0.0 if s_flat or slack_w <= 0 else min(slack_w, max(0.0, sig - a_eff))
+        slack_o = 0.0 if o_flat or slack_w <= 0 else min(slack_w, max(0.0, opt - oa_eff))
         if u_flat and w_flat and labels:  # only π·g is left: the labels price it exactly
-            push_labels([(lo, hi, a, b, g0, g1)], bound)
+            push_labels([box], bound)
         elif u_flat and w_flat:  # only π·g is left to split
             g_s = pg(s)
-            cut = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
-            push([(lo, hi, a, b, g0, cut), (lo, hi, a, b, cut, g1)])
-        elif not w_flat and (u_flat or slack_w >= slack_u):
-            mid = math.sqrt(a_eff * b) if a_eff > 0 else 0.5 * (a_eff + b)
-            split([(lo, hi, a, mid, g0, g1), (lo, hi, mid, b, g0, g1)], bound)
+            gc = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
+            push([(lo, hi, a, b, g0, gc, oa, ob), (lo, hi, a, b, gc, g1, oa, ob)])
+        elif not (s_flat and o_flat) and (u_flat or max(slack_s, slack_o) >= slack_u):
+            if not o_flat and (s_flat or slack_o > slack_s):
+                mid = cut(oa_eff, ob_eff)
+                split([(lo, hi, a, b, g0, g1, oa, mid), (lo, hi, a, b, g0, g1, mid, ob)], bound)
+            else:
+                mid = cut(a_eff, b_eff)
+                split([(lo, hi, a, mid, g0, g1, oa, ob), (lo, hi, mid, b, g0, g1, oa, ob)], bound)
         else:
             mid = math.sqrt(lo * hi)
-            split([(lo, mid, a, b, g0, g1), (mid, hi, a, b, g0, g1)], bound)
+            split([(lo, mid, a, b, g0, g1, oa, ob), (mid, hi, a, b, g0, g1, oa, ob)], bound)
         calls += 1
     cert = heap[0][0] if heap else top
+    if heap and not closed:  # DEBUGTMP
+        _b, _, _bx, _s = heap[0]
+        logger.debug("DEBUGTMP top %s bound %.6g; shape U %.6g maxima %s W %.6g S %.6g value %.6g s0 %.4g o0 %.4g o_top %.4g w_top %.4g kappa %.4g", _bx, _b, _s.bottleneck, pr.stage_maxima(_s.stages, extras), floors(_s), _s.total, value(_s), s0, o0, o_top, w_top, kappa)
     if labels:  # the label boxes leave out shapes above the best one found, which bounds them all
         cert = min(cert, best_exact)
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
     good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
     return min(cert, top), list(good.values()), closed
+
+
+def _by_tables(boxes: list[tuple[float, ...]], tables_of: Callable[[tuple[float, ...]], StageExtras],
+               ) -> list[tuple[StageExtras, list[tuple[float, ...]]]]:
+    """The boxes grouped by the floor tables their optimizer cap selects (one DP batch per table)."""
+    groups: dict[int, tuple[StageExtras, list[tuple[float, ...]]]] = {}
+    for box in boxes:
+        ex = tables_of(box)
+        groups.setdefault(id(ex), (ex, []))[1].append(box)
+    return list(groups.values())
 
 
 def _box_bound(D: np.ndarray, lam: np.ndarray, lo: float, kp: float, top: float, g0: float, g1: float) -> float:

@@ -332,7 +332,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             elif step is not None:  # the plan's sync + optimizer is at most the cut | above it
                 kind, cut = step
                 children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
-            elif leaf.result.whole and not leaf.exact and exact_pricing:
+            elif leaf.result.whole and not leaf.exact and not leaf.result.exact and exact_pricing:
                 # nothing left to branch on: before the search stops at this leaf, its whole-batch
                 # certificate prices narrow boxes exactly (Pareto labels), which only it can afford
                 kind, children = "exact whole", [(lo, hi, loc, w_lo, w_hi)]
@@ -353,7 +353,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
-                                   w_cap=c_whi, exact_whole=exact)
+                                   w_cap=c_whi, exact_whole=exact or (whole and leaf.result.exact))
             stats.nodes += 1
             last = fr.shapes
             if incumbent is not None and fr.solution and incumbent.offer(tables, fr.solution, pipelines=c_hi):

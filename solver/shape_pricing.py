@@ -21,7 +21,15 @@ from hexhelix.ir.plan import Plan
 
 from . import shape_dp_jit, shape_labels_jit
 from .candidates import CostTables
-from .stage_floors import NO_LOCALITY, Locality, StageExtras, stage_extras, stage_w
+from .stage_floors import (
+    NO_LOCALITY,
+    Locality,
+    StageExtras,
+    stage_extras,
+    stage_maxima,
+    stage_w,
+    sync_tables,
+)
 
 __all__ = ["Shape", "ShapePricer", "micro_batches_within", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
 
@@ -181,7 +189,8 @@ class ShapePricer:
         # S of any first j layers (j ≥ 1): every stage takes ≥ τ_min per layer, the first its embedding too
         self.prefix_floor = np.array([0.0] + [j * float(tau.min()) + max(0.0, float(emb.min())) for j in range(1, L + 1)])
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
-        self._w_memo: dict[int, tuple[StageExtras, dict[tuple, float]]] = {}  # stage_w per floor table
+        self._w_memo: dict[int, tuple[StageExtras, dict[tuple, object]]] = {}  # stage_w, stage_maxima per floor table
+        self._sync: dict[tuple, tuple[StageExtras, StageExtras]] = {}  # sync_tables by (table, caps)
         z = np.zeros((1, 1, 1))  # placeholders the compiled DP never reads when it has no extras
         self._no_extras = StageExtras(mid=z, first=z, last=z, single=z, mid_full=z, first_full=z)
 
@@ -421,15 +430,41 @@ class ShapePricer:
             hit = self._extras[key] = stage_extras(self.t, replicas, locality)
         return hit
 
-    def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras, *, joint: bool = True) -> float:
-        """W = max over the stages of w (:func:`.stage_floors.stage_w`), remembered per floor table:
-        the certificates of one run (and of a resumed leaf) meet the same shapes again and again."""
+    def sync_tables(self, extras: StageExtras, o_cap: float, w_cap: float = math.inf) -> StageExtras:
+        """:func:`.stage_floors.sync_tables` of ``extras`` (remembered: a certificate's boxes share a
+        few optimizer caps)."""
+        key = (id(extras), o_cap, w_cap)
+        hit = self._sync.get(key)
+        if hit is None or hit[0] is not extras:
+            if len(self._sync) > 64:
+                self._sync.clear()
+            hit = self._sync[key] = (extras, sync_tables(extras, o_cap, w_cap))
+        return hit[1]
+
+    def stage_maxima(self, stages: tuple[tuple[int, int], ...], extras: StageExtras) -> tuple[float, float, float]:
+        """(max w, max σ, max o) of a shape's stages (:func:`.stage_floors.stage_maxima`), remembered
+        per floor table like :meth:`stage_w`."""
+        memo = self._memo_of(extras)
+        key = (stages, "maxima")
+        got = memo.get(key)
+        if got is None:
+            if len(memo) > 200_000:
+                memo.clear()
+            got = memo[key] = stage_maxima(stages, extras, self.node_list, self.tp_list)
+        return got
+
+    def _memo_of(self, extras: StageExtras) -> dict[tuple, object]:
         held = self._w_memo.get(id(extras))
         if held is None or held[0] is not extras:  # (the table itself is kept: its id is not reused)
             if len(self._w_memo) > 64:
                 self._w_memo.clear()
             held = self._w_memo[id(extras)] = (extras, {})
-        memo = held[1]
+        return held[1]
+
+    def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras, *, joint: bool = True) -> float:
+        """W = max over the stages of w (:func:`.stage_floors.stage_w`), remembered per floor table:
+        the certificates of one run (and of a resumed leaf) meet the same shapes again and again."""
+        memo = self._memo_of(extras)
         w = memo.get((stages, joint))
         if w is None:
             if len(memo) > 200_000:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hexhelix.ir.opgraph import OpClass
@@ -38,7 +38,8 @@ from hexhelix.ir.opgraph import OpClass
 from . import cost
 from .candidates import CostTables, StageOption
 
-__all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "fits_visits", "stage_extras", "stage_w"]
+__all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "fits_visits", "stage_extras", "stage_maxima",
+           "stage_w", "sync_tables"]
 
 OPEN, LOCAL, SPREAD = 0, 1, 2
 
@@ -199,37 +200,65 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
     return StageExtras(**out, replicas=replicas, caps=caps, visit=tuple(sorted(locality.visit)), opt=opt_parts)
 
 
-def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
-            tps: Sequence[int], *, joint: bool = True) -> float:
-    """W = max over the stages of w (by position: single, first, middle, last; ``*_full`` where the
-    stage's run fills its node), ``nodes``/``tps`` the node and TP degree of each option — and, with
-    ``joint``, at least max σ + max o over the stages: the plan pays its largest sync and its largest
-    optimizer step, which need not be on one stage (mixed-a100-a40-t4: sync on an A40, AdamW on a T4).
-    Without ``joint``: the largest w_k alone, which is what the pricing DP's w caps see."""
+def stage_maxima(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
+                 tps: Sequence[int]) -> tuple[float, float, float]:
+    """(max w_k, max σ_k, max o_k) over the stages: each stage's floor w by position (single, first,
+    middle, last; ``*_full`` where the stage's run fills its node), its sync part σ = w − o and its
+    optimizer part o, ``nodes``/``tps`` the node and TP degree of each option. The sync and optimizer
+    maxima are what the plan pays at least (two maxima over all GPUs, which need not sit on one
+    stage: mixed-a100-a40-t4's sync on an A40, AdamW on a T4)."""
     K = len(stages)
-    if K == 1:
-        c, ell = stages[0]
-        return float(extras.single[c, 0, ell - 1])
     starts = np.cumsum([0] + [ell for _, ell in stages])
     vals, opts, run = [], [], 0
     for k in range(K - 1, -1, -1):  # backwards: the run of each stage is it and what follows on its node
         c, ell = stages[k]
         node, tp = nodes[c], tps[c]
         run = tp + (run if k + 1 < K and nodes[stages[k + 1][0]] == node else 0)
-        if k == K - 1:
+        pos = 3 if K == 1 else 2 if k == K - 1 else 1 if k == 0 else 0
+        if K == 1:
+            table = extras.single
+        elif k == K - 1:
             table = extras.last
         else:
             full = extras.full(run, node)
             table = (extras.first_full if full else extras.first) if k == 0 else \
                 (extras.mid_full if full else extras.mid)
-        vals.append(table[c, starts[k], ell - 1])
-        if extras.opt is not None:
-            opts.append(extras.opt[2 if k == K - 1 else 1 if k == 0 else 0, c, ell - 1] * (1 - 1e-9))
-    w = float(max(vals))
-    if not joint or not opts or not math.isfinite(w):
+        vals.append(float(table[c, starts[k], ell - 1]))
+        # w_k = (o_k + σ_k)(1 − 1e-9): the optimizer part scaled alike, so σ_k = w_k − o_k exactly
+        opts.append(float(extras.opt[pos, c, ell - 1]) * (1 - 1e-9) if extras.opt is not None else 0.0)
+    w = max(vals)
+    if not math.isfinite(w):
+        return w, w, w
+    return w, max(max(0.0, v - o) for v, o in zip(vals, opts)), max(opts)
+
+
+def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],
+            tps: Sequence[int], *, joint: bool = True) -> float:
+    """W = max over the stages of w (:func:`stage_maxima`) — and, with ``joint``, at least
+    max σ + max o over the stages: the plan pays its largest sync and its largest optimizer step,
+    which need not be on one stage. Without ``joint``: the largest w_k alone."""
+    w, sigma, o = stage_maxima(stages, extras, nodes, tps)
+    if not joint or extras.opt is None or not math.isfinite(w):
         return w
-    # w_k = (o_k + σ_k)(1 − 1e-9): the sync parts and the optimizer parts, each at its own maximum
-    return max(w, max(v - o for v, o in zip(vals, opts)) + max(opts))
+    return max(w, sigma + o)
+
+
+def sync_tables(extras: StageExtras, o_cap: float, w_cap: float = math.inf) -> StageExtras:
+    """``extras`` with the sync part σ = w − o in place of w, and inf where a stage's optimizer part
+    exceeds ``o_cap`` or its w exceeds ``w_cap``: a pricing DP capping these tables at b admits the
+    shapes with every σ_k ≤ b, o_k ≤ o_cap and w_k ≤ w_cap (the boxes of max σ × max o of
+    :func:`.fluid_bound.certificate`, whose W floor is then their least max σ plus least max o)."""
+    opt = extras.opt if extras.opt is not None else np.zeros((4, *extras.last.shape))
+    o = opt * (1 - 1e-9)
+
+    def part(w: np.ndarray, pos: int) -> np.ndarray:
+        oo = o[pos][:, None, :]  # (C, 1, ℓ): the optimizer part depends on the length only
+        keep = (oo <= o_cap) & (w <= w_cap) & np.isfinite(w)
+        return np.where(keep, np.maximum(0.0, w - oo), math.inf)
+
+    return replace(extras, mid=part(extras.mid, 0), mid_full=part(extras.mid_full, 0),
+                   first=part(extras.first, 1), first_full=part(extras.first_full, 1),
+                   last=part(extras.last, 2), single=part(extras.single, 3))
 
 
 def fits_visits(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Sequence[int],

@@ -35,7 +35,14 @@ from hexhelix.solver.master_rounding import round_master
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import ShapePricer, pricer_for
 from hexhelix.solver.solve import solve
-from hexhelix.solver.stage_floors import Locality, fits_visits, stage_extras, stage_w
+from hexhelix.solver.stage_floors import (
+    Locality,
+    fits_visits,
+    stage_extras,
+    stage_maxima,
+    stage_w,
+    sync_tables,
+)
 from test_planner_exact import make_problem
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -305,6 +312,45 @@ def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes
                 assert lo < found[k].bottleneck <= hi
             else:
                 assert found[k] is None
+
+
+@pytest.mark.parametrize("engine", ["numpy", "jit"] if shape_dp_jit.AVAILABLE else ["numpy"])
+def test_pricing_on_sync_tables_admits_exactly_the_shapes_under_a_sync_and_an_optimizer_cap(engine: str) -> None:
+    """A box of the certificate over (max σ, max o): the DP on :func:`sync_tables` (σ = w − o, inf
+    where o exceeds the optimizer cap or w the cell's cap) capped at b gives the least S + π·g over the
+    enumerated shapes whose largest sync is ≤ b, largest optimizer step ≤ the cap and every w ≤ the
+    cell's cap (:func:`stage_maxima`); a shape's joint floor is its largest sync plus its largest step."""
+    rng = np.random.default_rng(3)
+    pb = three_node_problem()
+    tables = build_tables(pb)
+    pr = ShapePricer(tables, engine=engine)
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
+    pi = rng.uniform(0.0, 0.05, len(pb.cluster.nodes))
+    ex = pr.extras(2, Locality())
+    maxima = {s.stages: stage_maxima(s.stages, ex, pr.node_list, pr.tp_list) for s in shapes}
+    for s in shapes:
+        w, sig, o = maxima[s.stages]
+        assert stage_w(s.stages, ex, pr.node_list, pr.tp_list) == pytest.approx(max(w, sig + o), rel=1e-12)
+        assert w <= sig + o * (1 + 1e-9) + 1e-15
+    sigs = np.quantile([m[1] for m in maxima.values()], [0.1, 0.5, 1.0])
+    opts = np.quantile([m[2] for m in maxima.values()], [0.2, 0.6, 1.0])
+    w_caps = (math.inf, float(np.quantile([m[0] for m in maxima.values()], 0.7)))
+    checked = 0
+    for o_cap, w_cap in itertools.product(opts, w_caps):
+        tab = sync_tables(ex, float(o_cap), w_cap)
+        vals, _ = pr.solve(np.full(len(sigs), 1e9), np.ones(len(sigs)), pi, sigs, tab)
+        for k, b in enumerate(sigs):
+            fits = [s for s in shapes if maxima[s.stages][1] <= b and maxima[s.stages][2] <= o_cap
+                    and _stage_ws_within(s, ex, pr, w_cap)]
+            true = min((s.total + pi @ np.array(s.gpus) for s in fits), default=math.inf)
+            assert vals[k] == pytest.approx(true, rel=1e-9, abs=1e-12), (o_cap, w_cap, b)
+            checked += bool(fits)
+    assert checked >= 10
+
+
+def _stage_ws_within(s, ex, pr, cap: float) -> bool:
+    """Every stage's own floor w is within ``cap`` (what the pricing DP's w caps admit)."""
+    return stage_w(s.stages, ex, pr.node_list, pr.tp_list, joint=False) <= cap
 
 
 @pytest.mark.skipif(not shape_dp_jit.AVAILABLE, reason="numba is not installed")
