@@ -6,9 +6,9 @@ the plain DP (:mod:`.shape_dp_jit`) can only bound it through a Lagrangian in π
 keeps its Pareto front of suffixes — (S, π·g) pairs, none with both more S and more π·g than
 another — and the root reads the floor off each. Same transitions, flags and tables as
 :func:`.shape_dp_jit._dp_batch` (its docstring lists the state arrays). A label is dropped when no
-shape through it can come in under the box's cut ``ubs[k]``: its S, plus ``pre_s[j]`` (a floor on
-the S of any first j layers), plus the floor term of its own π·g (the prefix only adds π·g) reach
-it. A front longer than ``cap_labels`` merges its two neighbours closest in S into one label with
+shape through it can come in under the box's cut ``ubs[k]``: its S, plus a floor on what any
+first j layers add (``pre_s[j]``, a floor on their S, or their least S + lo·π·g less lo), plus the
+floor term of its own π·g reach it. A front longer than ``cap_labels`` merges its two neighbours closest in S into one label with
 their lesser S and lesser π·g — a relaxation (the value stays a lower bound, the label may match
 no single shape): ``relaxed`` says whether that happened. Fronts over wide boxes are long (5–8 s
 per certificate at 32 GPUs), so only a leaf the search cannot branch any further uses them.
@@ -72,8 +72,34 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
     bufS = np.empty(2 * B)  # a merge of two fronts of at most B labels each, thinned back to B
     bufP = np.empty(2 * B)
     bufA = np.empty((2 * B, 5), dtype=np.int64)
+    um_min = np.full((C, L), inf)  # a stage's least time over the node after it, middle and first
+    uf_min = np.full((C, L), inf)
+    for c in range(C):
+        for ell in range(L):
+            for a_node in range(N):
+                um_min[c, ell] = min(um_min[c, ell], u_mid[c, ell, a_node])
+                uf_min[c, ell] = min(uf_min[c, ell], u_first[c, ell, a_node])
+    pre = np.empty(L + 1)
+    dpre = np.empty(L + 1)
     for k in range(K):
         cap, low, wcap, sc, ub = caps[k], lows[k], wcaps[k], scale[k], ubs[k]
+        # a floor on the first j layers' share of S + sc·⌊π·g + κ'⌋: pre_s[j], or D(j) − sc with
+        # D(j) = least S + sc·π·g of any stages covering them (⌊x + y⌋ ≥ ⌊x⌋ + y − 1 for y ≥ 0)
+        dpre[0] = 0.0
+        for j in range(1, L + 1):
+            best_j = inf
+            for c in range(C):
+                for ell in range(1, j + 1):
+                    u = uf_min[c, ell - 1] if ell == j else um_min[c, ell - 1]
+                    if u > cap:
+                        break
+                    v = u + sc * pg_opt[c] + (dpre[j - ell] if ell < j else 0.0)
+                    if v < best_j:
+                        best_j = v
+            dpre[j] = best_j
+        pre[0] = 0.0
+        for j in range(1, L + 1):
+            pre[j] = max(pre_s[j], dpre[j] - sc * (1.0 + 1e-6))  # (κ' may sit a hair below 0)
         pg_cut = inf if sc <= 0 or not ub < inf else math.ceil(ub / sc) + 1 - kp  # beyond: the floor term alone ≥ ub
         cnt[:, :, :] = 0
         fcnt[:, :, :, :] = 0
@@ -84,7 +110,7 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                 u = u_last[c, span - 1]
                 if s < 0 or u > cap or (has_w and w_last[c, j, span - 1] > wcap) or pg_opt[c] >= pg_cut:
                     continue
-                if u + pre_s[j] + sc * max(0.0, math.floor(pg_opt[c] + kp)) >= ub:
+                if u + pre[j] + sc * max(0.0, math.floor(pg_opt[c] + kp)) >= ub:
                     continue
                 f = 0 if u > low else 1
                 n = cnt[j, f, s]
@@ -131,7 +157,7 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                                     break
                                 if n > 0 and cs >= bufS[n - 1]:
                                     continue  # dominated: no less S for more π·g
-                                if cs + pre_s[j] + sc * max(0.0, math.floor(cp + kp)) >= ub:
+                                if cs + pre[j] + sc * max(0.0, math.floor(cp + kp)) >= ub:
                                     continue  # no shape through it can come in under ub
                                 if n > 0 and cp <= bufP[n - 1]:
                                     n -= 1  # same π·g, less S: replaces it
@@ -193,7 +219,7 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                                         break
                                     if n > 0 and cs >= bufS[n - 1]:
                                         continue
-                                    if cs + pre_s[j] + sc * max(0.0, math.floor(cp + kp)) >= ub:
+                                    if cs + pre[j] + sc * max(0.0, math.floor(cp + kp)) >= ub:
                                         continue
                                     if n > 0 and cp <= bufP[n - 1]:
                                         n -= 1
