@@ -19,9 +19,10 @@ for *any* multipliers π ≥ 0, μ ≥ 0 (A = π·G + μ·P_max < M, ρ = (M −
 so T_cert is a valid lower bound on the iteration time, whatever π and μ are; good multipliers come
 from the restricted master's duals (column generation). The minimum over shapes is a shortest path
 over (layers covered, node of the next stage and GPUs its run of consecutive stages uses) with the
-two maxima (U and W) handled by branch and bound over boxes: for U ∈ (lo, hi] and W ∈ (a, b] the path
-minimising S + lo·π·g with every u_k ≤ hi and every w_k ≤ b gives a valid lower bound for the box
-(π·g ≥ 0, W > a), and the box with the least bound is split until it is tight. Per pipeline count P
+maxima (U, and W through the largest sync σ and the largest optimizer step o) handled by branch and
+bound over boxes: for U ∈ (lo, hi], max σ ∈ (a, b] and max o ∈ (a', b'] the path minimising
+S + lo·π·g with every u_k ≤ hi, σ_k ≤ b and o_k ≤ b' gives a valid lower bound for the box (π·g ≥ 0,
+W ≥ a + a'), and the box with the least bound is split until it is tight. Per pipeline count P
 (``fluid_bounds_by_pipelines``) the master has Σ x ≤ P and w_k uses exactly P replicas.
 
 Relaxations (each can only lower the bound): memory with one micro-batch in flight on every stage
