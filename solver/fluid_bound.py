@@ -561,7 +561,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             g_s = pg(s)
             gc = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
             push([(lo, hi, a, b, g0, gc, oa, ob), (lo, hi, a, b, gc, g1, oa, ob)])
-        elif not (s_flat and o_flat) and (u_flat or max(slack_s, slack_o) >= slack_u):
+        elif not w_flat and (u_flat or max(slack_s, slack_o) >= slack_u):
             if not o_flat and (s_flat or slack_o > slack_s):
                 mid = cut(oa_eff, ob_eff)
                 split([(lo, hi, a, b, g0, g1, oa, mid), (lo, hi, a, b, g0, g1, mid, ob)], bound)
@@ -573,9 +573,6 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             split([(lo, mid, a, b, g0, g1, oa, ob), (mid, hi, a, b, g0, g1, oa, ob)], bound)
         calls += 1
     cert = heap[0][0] if heap else top
-    if heap and not closed:  # DEBUGTMP
-        _b, _, _bx, _s = heap[0]
-        logger.debug("DEBUGTMP top %s bound %.6g; shape U %.6g maxima %s W %.6g S %.6g value %.6g s0 %.4g o0 %.4g o_top %.4g w_top %.4g kappa %.4g", _bx, _b, _s.bottleneck, pr.stage_maxima(_s.stages, extras), floors(_s), _s.total, value(_s), s0, o0, o_top, w_top, kappa)
     if labels:  # the label boxes leave out shapes above the best one found, which bounds them all
         cert = min(cert, best_exact)
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
