@@ -27,8 +27,8 @@ from .stage_floors import (
     StageExtras,
     stage_extras,
     stage_maxima,
-    stage_w,
     sync_tables,
+    w_of_maxima,
 )
 
 __all__ = ["Shape", "ShapePricer", "micro_batches_within", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
@@ -189,7 +189,7 @@ class ShapePricer:
         # S of any first j layers (j ≥ 1): every stage takes ≥ τ_min per layer, the first its embedding too
         self.prefix_floor = np.array([0.0] + [j * float(tau.min()) + max(0.0, float(emb.min())) for j in range(1, L + 1)])
         self._extras: dict[tuple[int, Locality], StageExtras] = {}
-        self._w_memo: dict[int, tuple[StageExtras, dict[tuple, object]]] = {}  # stage_w, stage_maxima per floor table
+        self._w_memo: dict[int, tuple[StageExtras, dict[tuple, tuple[float, float, float]]]] = {}  # stage_maxima
         self._sync: dict[tuple, tuple[StageExtras, StageExtras]] = {}  # sync_tables by (table, caps)
         z = np.zeros((1, 1, 1))  # placeholders the compiled DP never reads when it has no extras
         self._no_extras = StageExtras(mid=z, first=z, last=z, single=z, mid_full=z, first_full=z)
@@ -443,17 +443,16 @@ class ShapePricer:
 
     def stage_maxima(self, stages: tuple[tuple[int, int], ...], extras: StageExtras) -> tuple[float, float, float]:
         """(max w, max σ, max o) of a shape's stages (:func:`.stage_floors.stage_maxima`), remembered
-        per floor table like :meth:`stage_w`."""
+        per floor table (:meth:`stage_w` reads them)."""
         memo = self._memo_of(extras)
-        key = (stages, "maxima")
-        got = memo.get(key)
+        got = memo.get(stages)
         if got is None:
             if len(memo) > 200_000:
                 memo.clear()
-            got = memo[key] = stage_maxima(stages, extras, self.node_list, self.tp_list)
+            got = memo[stages] = stage_maxima(stages, extras, self.node_list, self.tp_list)
         return got
 
-    def _memo_of(self, extras: StageExtras) -> dict[tuple, object]:
+    def _memo_of(self, extras: StageExtras) -> dict[tuple, tuple[float, float, float]]:
         held = self._w_memo.get(id(extras))
         if held is None or held[0] is not extras:  # (the table itself is kept: its id is not reused)
             if len(self._w_memo) > 64:
@@ -462,15 +461,10 @@ class ShapePricer:
         return held[1]
 
     def stage_w(self, stages: tuple[tuple[int, int], ...], extras: StageExtras, *, joint: bool = True) -> float:
-        """W = max over the stages of w (:func:`.stage_floors.stage_w`), remembered per floor table:
-        the certificates of one run (and of a resumed leaf) meet the same shapes again and again."""
-        memo = self._memo_of(extras)
-        w = memo.get((stages, joint))
-        if w is None:
-            if len(memo) > 200_000:
-                memo.clear()
-            w = memo[(stages, joint)] = stage_w(stages, extras, self.node_list, self.tp_list, joint=joint)
-        return w
+        """W = max over the stages of w (:func:`.stage_floors.stage_w`), from the remembered
+        :meth:`stage_maxima`: the certificates of one run (and of a resumed leaf) meet the same shapes
+        again and again."""
+        return w_of_maxima(self.stage_maxima(stages, extras), extras, joint=joint)
 
 
 def shape_of_pipeline(tables: CostTables, plan: Plan, p: int) -> Shape:

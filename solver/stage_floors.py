@@ -39,7 +39,7 @@ from . import cost
 from .candidates import CostTables, StageOption
 
 __all__ = ["NO_LOCALITY", "Locality", "StageExtras", "class_links", "fits_visits", "stage_extras", "stage_maxima",
-           "stage_w", "sync_tables"]
+           "stage_w", "sync_tables", "w_of_maxima"]
 
 OPEN, LOCAL, SPREAD = 0, 1, 2
 
@@ -237,7 +237,12 @@ def stage_w(stages: tuple[tuple[int, int], ...], extras: StageExtras, nodes: Seq
     """W = max over the stages of w (:func:`stage_maxima`) — and, with ``joint``, at least
     max σ + max o over the stages: the plan pays its largest sync and its largest optimizer step,
     which need not be on one stage. Without ``joint``: the largest w_k alone."""
-    w, sigma, o = stage_maxima(stages, extras, nodes, tps)
+    return w_of_maxima(stage_maxima(stages, extras, nodes, tps), extras, joint=joint)
+
+
+def w_of_maxima(maxima: tuple[float, float, float], extras: StageExtras, *, joint: bool = True) -> float:
+    """:func:`stage_w` from the shape's :func:`stage_maxima` (max w, max σ, max o)."""
+    w, sigma, o = maxima
     if not joint or extras.opt is None or not math.isfinite(w):
         return w
     return max(w, sigma + o)
