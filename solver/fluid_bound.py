@@ -373,7 +373,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     that also cut π·g (:func:`_box_bound`; a box flat in all of them is a Lagrangian bound, so the
     search stops unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U
     (hi ≤ lo·(1 + LABEL_SPAN)) or flat in U, σ and o, whose floor term is then exact (Pareto labels
-    of S and π·g, :meth:`.ShapePricer.solve_whole`): slower, kept for leaves nothing else can raise.
+    of S and π·g, :meth:`.ShapePricer.solve_whole`): slower, so :func:`fluid_lower_bound` asks for it
+    only once the Lagrangian boxes stop unclosed (and the search for leaves it cannot branch).
 
     Box U ∈ (lo, hi], max σ ∈ (a, b], max o ∈ (oa, ob]: every shape in it has W ≥ w(box) :=
     max(R, a⁺ + oa⁺) (its largest sync and its largest optimizer step, :func:`.stage_floors.stage_maxima`)
@@ -398,17 +399,14 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     if top <= lo0:
         return top, [], True
     # W ∈ [w0, top]: W = max(R, max_k w_k) ≥ w0 = max(R, least w), and a larger W leaves no time
-    finite = [float(t[np.isfinite(t)].min()) for t in (extras.mid, extras.first, extras.last, extras.single)
-              if np.isfinite(t).any()]
-    w0 = max(rest_s, min(finite, default=0.0))
+    w0 = max(rest_s, _entry_range(extras)[0])
     w_top = min(top, w_cap)  # plans of a W cell have W ≤ w_cap
     if w0 > w_top:
         return top, [], True  # no shape of the cell fits: its plans (none) finish after any time
     base = pr.sync_tables(extras, math.inf, w_cap)
-    s_fin = [(float(t[np.isfinite(t)].min()), float(t[np.isfinite(t)].max()))
-             for t in (base.mid, base.first, base.last, base.single) if np.isfinite(t).any()]
-    s0 = max(0.0, min((a for a, _ in s_fin), default=0.0))  # no stage syncs in less (nor a shape's largest)
-    s_top = min(w_top, max((b for _, b in s_fin), default=0.0))  # nor in more
+    s_lo, s_hi = _entry_range(base)
+    s0 = max(0.0, s_lo)  # no stage syncs in less (nor a shape's largest)
+    s_top = min(w_top, s_hi)  # nor in more
     o_all = extras.opt if extras.opt is not None else np.zeros(1)
     o0, o_top = float(o_all.min()) * (1 - 1e-9), min(w_top, float(o_all.max()))
     u_edges = list(np.geomspace(lo0, top, 9))
@@ -578,6 +576,15 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
     good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
     return min(cert, top), list(good.values()), closed
+
+
+def _entry_range(ex: StageExtras) -> tuple[float, float]:
+    """Least and largest finite entry of a floor table's stage positions (0, 0 when none is finite)."""
+    fin = [t[np.isfinite(t)] for t in (ex.mid, ex.first, ex.last, ex.single)]
+    fin = [f for f in fin if f.size]
+    if not fin:
+        return 0.0, 0.0
+    return min(float(f.min()) for f in fin), max(float(f.max()) for f in fin)
 
 
 def _by_tables(boxes: list[tuple[float, ...]], tables_of: Callable[[tuple[float, ...]], StageExtras],
