@@ -21,8 +21,9 @@ from the restricted master's duals (column generation). The minimum over shapes 
 over (layers covered, node of the next stage and GPUs its run of consecutive stages uses) with the
 maxima (U, and W through the largest sync σ and the largest optimizer step o) handled by branch and
 bound over boxes: for U ∈ (lo, hi], max σ ∈ (a, b] and max o ∈ (a', b'] the path minimising
-S + lo·π·g with every u_k ≤ hi, σ_k ≤ b and o_k ≤ b' gives a valid lower bound for the box (π·g ≥ 0,
-W ≥ a + a'), and the box with the least bound is split until it is tight. Per pipeline count P
+S + Σ_k π_n·t·max(lo, u_k) with every u_k ≤ hi, σ_k ≤ b and o_k ≤ b' gives a valid lower bound for
+the box (U·π·g = Σ_k π_n·t·U and U ≥ max(lo, u_k); W ≥ a + a'), and the box with the least bound is
+split until it is tight. Per pipeline count P
 (``fluid_bounds_by_pipelines``) the master has Σ x ≤ P and w_k uses exactly P replicas.
 
 Relaxations (each can only lower the bound): memory with one micro-batch in flight on every stage
@@ -378,8 +379,10 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
 
     Box U ∈ (lo, hi], max σ ∈ (a, b], max o ∈ (oa, ob]: every shape in it has W ≥ w(box) :=
     max(R, a⁺ + oa⁺) (its largest sync and its largest optimizer step, :func:`.stage_floors.stage_maxima`)
-    and value ≥ DP(hi, b, ob; lo) + w(box) + min(lo·κ, hi·κ), DP = min S + lo·π·g over shapes with
-    every u ≤ hi, σ ≤ b and o ≤ ob (:func:`.stage_floors.sync_tables`). The two W dimensions let the
+    and value ≥ DP(hi, b, ob; lo) + w(box) + min(lo·κ, hi·κ), DP = min S + Σ_k π_n·t·max(lo, u_k) over
+    shapes with every u ≤ hi, σ ≤ b and o ≤ ob (:func:`.stage_floors.sync_tables`; each stage's share
+    of U·π·g at its own time where that exceeds lo: exact for a balanced shape, whose stages all run
+    near U, so the boxes need cutting in U only for unbalanced ones). The two W dimensions let the
     search close on shapes whose sync and optimizer maxima sit on different stages, which one cap on
     w = σ + o per stage cannot see (hexiscale-het3: a 4090 stage's sync beside an A100 stage's AdamW
     step over 25 layers). Returns the proven minimum (the least box bound), the argmin shapes met on
@@ -448,8 +451,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     def tables_of(box: tuple[float, ...]) -> StageExtras:
         return base if box[7] >= o_top else pr.sync_tables(extras, box[7], w_cap)
 
-    # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + lo/(1 + κ)·π·g] + W —
-    # a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
+    # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + Σ π_n·t·max(lo, u)/(1 + κ)]
+    # + W — a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
     steep = not whole and -1.0 + 1e-12 < kappa < 0.0
     lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0,)
     J, one = len(lams), lams.index(1.0)
@@ -488,8 +491,11 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
             lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole else None
             his, bs = np.array([b[1] for b in group]), np.array([b[3] for b in group])
+            # fractional: a box's shapes have U > lo, so U·π·g ≥ Σ π_n·t·max(lo, u) over their stages
+            # (each stage's own time, not only the box's floor: exact for a balanced shape)
+            slopes = None if whole else np.tile(np.array(lams), len(group))
             vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
-                                    bs if J == 1 else np.repeat(bs, J), ex, lows)
+                                    bs if J == 1 else np.repeat(bs, J), ex, lows, slopes)
             vals = vals.reshape(len(group), J)
             for i, box in enumerate(group):
                 s = shapes[i * J + one]
@@ -547,8 +553,10 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         # (then π·g: whole batches)
         if whole:
             slack_u = (s.bottleneck - lo) * k_of(s)
-        else:
-            slack_u = (s.bottleneck - lo) * pg(s) + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
+        else:  # the box charges each stage's π_n·t at max(lo, u) instead of at U
+            miss = sum(float(pi[pr.node[c]] * pr.tp[c]) * (s.bottleneck - max(lo, u))
+                       for (c, _), u in zip(s.stages, pr.stage_times(s.stages)))
+            slack_u = miss + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
         _, sig, opt = pr.stage_maxima(s.stages, extras)
         slack_w = floors(s) - w_of(box)  # what the box's W floor misses of the shape's own W
         slack_s = 0.0 if s_flat or slack_w <= 0 else min(slack_w, max(0.0, sig - a_eff))

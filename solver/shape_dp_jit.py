@@ -33,14 +33,16 @@ AVAILABLE = importlib.util.find_spec("numba") is not None
 _compiled: Callable | None = None
 
 
-def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wcaps: np.ndarray, pen_base: np.ndarray,
+def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, slopes: np.ndarray, wcaps: np.ndarray,
+              pen_base: np.ndarray,
               u_mid: np.ndarray, u_first: np.ndarray, u_last: np.ndarray, u_single: np.ndarray,
               onode: np.ndarray, snode: np.ndarray, smask: np.ndarray, ns: np.ndarray, fresh_to: np.ndarray,
               last_state: np.ndarray, single_ok: np.ndarray, full: np.ndarray, full_fresh: np.ndarray,
               full_mask: int, has_w: bool,
               w_mid: np.ndarray, w_mid_full: np.ndarray, w_first: np.ndarray, w_first_full: np.ndarray,
               w_last: np.ndarray, w_single: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each cap k: min S + weights[k]·π·g over shapes with every u ≤ caps[k] (and w ≤ wcaps[k]),
+    """For each cap k: min over shapes with every u ≤ caps[k] (and w ≤ wcaps[k]) of
+    S + Σ_stages π_n·t·max(weights[k], slopes[k]·u) — S + weights[k]·π·g where slopes[k] = 0 —
     with ``lows`` also some u > lows[k] (the bottleneck above the box's floor); returns the values
     (inf: none), the argmin's stages as (option, layers) rows and their count.
 
@@ -69,14 +71,12 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
     bf = np.empty((L + 1, nf, S), dtype=np.int64)   # the flag after it
     best_g = np.empty((L + 1, nf, N, Mk))           # least G[j, f] over the states of node a with mask m
     arg_g = np.empty((L + 1, nf, N, Mk), dtype=np.int64)
-    pen = np.empty(C)
     for k in range(K):
         cap, wcap = caps[k], wcaps[k]
+        wk, sk = weights[k], slopes[k]  # a stage of option c and time u costs u + pen_base[c]·max(wk, sk·u)
         low = -inf
         if lows is not None:
             low = lows[k]
-        for c in range(C):
-            pen[c] = weights[k] * pen_base[c]
         G[:, :, :] = inf
         best_g[:, :, :, :] = inf
         for j in range(L - 1, 0, -1):
@@ -87,7 +87,7 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
                 if s < 0 or u > cap or (has_w and w_last[c, j, span - 1] > wcap):
                     continue
                 f = 0 if u > low else 1
-                v = u + pen[c]
+                v = u + pen_base[c] * max(wk, sk * u)
                 if v < G[j, f, s]:
                     G[j, f, s], bc[j, f, s], bl[j, f, s], bs[j, f, s], bf[j, f, s] = v, c, span, -1, 0
             for c in range(C):
@@ -109,12 +109,12 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
                             w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
                             if w > wcap:
                                 continue
-                        v = u + g0 + pen[c]
+                        v = u + g0 + pen_base[c] * max(wk, sk * u)
                         if v < G[j, 0, s1]:
                             G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1], bs[j, 0, s1], bf[j, 0, s1] = v, c, ell, s2, 0
                         if g1 < inf:
                             f = 0 if u > low else 1
-                            v = u + g1 + pen[c]
+                            v = u + g1 + pen_base[c] * max(wk, sk * u)
                             if v < G[j, f, s1]:
                                 G[j, f, s1], bc[j, f, s1], bl[j, f, s1], bs[j, f, s1], bf[j, f, s1] = v, c, ell, s2, 1
                 fl = full_fresh[c]
@@ -137,13 +137,13 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
                                 w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
                                 if w > wcap:
                                     continue
-                            v = u + g0 + pen[c]
+                            v = u + g0 + pen_base[c] * max(wk, sk * u)
                             if v < G[j, 0, s1]:
                                 G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1] = v, c, ell
                                 bs[j, 0, s1], bf[j, 0, s1] = arg_g[j + ell, 0, a, m], 0
                             if g1 < inf:
                                 f = 0 if u > low else 1
-                                v = u + g1 + pen[c]
+                                v = u + g1 + pen_base[c] * max(wk, sk * u)
                                 if v < G[j, f, s1]:
                                     G[j, f, s1], bc[j, f, s1], bl[j, f, s1] = v, c, ell
                                     bs[j, f, s1], bf[j, f, s1] = arg_g[j + ell, 1, a, m], 1
@@ -157,7 +157,7 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
             u = u_single[c, L - 1]
             if not single_ok[c] or u > cap or u <= low or (has_w and w_single[c, 0, L - 1] > wcap):
                 continue
-            v = u + pen[c]
+            v = u + pen_base[c] * max(wk, sk * u)
             if v < best:
                 best, bc0, bl0, bs0, bf0 = v, c, L, -1, 0
         for c in range(C):  # c is the first stage, layers 0 … ℓ−1: the shape then uses every required node
@@ -180,9 +180,9 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
                         if w > wcap:
                             continue
                     if g0 <= g1:
-                        v, f = u + g0 + pen[c], 0
+                        v, f = u + g0 + pen_base[c] * max(wk, sk * u), 0
                     else:
-                        v, f = u + g1 + pen[c], 1
+                        v, f = u + g1 + pen_base[c] * max(wk, sk * u), 1
                     if v < best:
                         best, bc0, bl0, bs0, bf0 = v, c, ell, s2, f
             fl = full_fresh[c]
@@ -206,9 +206,9 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, wc
                             if w > wcap:
                                 continue
                         if g0 <= g1:
-                            v, f = u + g0 + pen[c], 0
+                            v, f = u + g0 + pen_base[c] * max(wk, sk * u), 0
                         else:
-                            v, f = u + g1 + pen[c], 1
+                            v, f = u + g1 + pen_base[c] * max(wk, sk * u), 1
                         if v < best:
                             best, bc0, bl0, bs0, bf0 = v, c, ell, arg_g[ell, f, a, m], f
         if best == inf:

@@ -196,10 +196,12 @@ class ShapePricer:
 
     def solve(self, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
               wcaps: np.ndarray | None = None, extras: StageExtras | None = None,
-              lows: np.ndarray | None = None) -> tuple[np.ndarray, list]:
+              lows: np.ndarray | None = None, slopes: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """For each k: min over shapes with every u ≤ caps[k] (and every run of consecutive stages on
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
-        the values (inf when no shape fits) and the argmin shapes (None when infeasible). ``lows``:
+        the values (inf when no shape fits) and the argmin shapes (None when infeasible). ``slopes``:
+        each stage's share π_n·t of π·g is weighted by max(weights[k], slopes[k]·u) instead, u being
+        its own time (a box whose shapes have U > lo pays U·π·g ≥ Σ π_n·t·max(lo, u): docs §14). ``lows``:
         only shapes with U > lows[k] (a box's floor, so its argmin lies in it) — the compiled engine
         only; the numpy oracle ignores the floor, which relaxes the minimum (still a lower bound). States:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
@@ -208,9 +210,10 @@ class ShapePricer:
         st, full, full_fresh = self._prepared(extras)
         caps = np.asarray(caps, dtype=float)
         weights = np.asarray(weights, dtype=float)
+        slopes = np.zeros(len(caps)) if slopes is None else np.asarray(slopes, dtype=float)
         if self.engine == "jit":
-            return self._solve_jit(st, caps, weights, pi, wcaps, extras, full, full_fresh, lows)
-        return self._solve_numpy(st, caps, weights, pi, wcaps, extras, full)
+            return self._solve_jit(st, caps, weights, slopes, pi, wcaps, extras, full, full_fresh, lows)
+        return self._solve_numpy(st, caps, weights, slopes, pi, wcaps, extras, full)
 
     def _prepared(self, extras: StageExtras | None) -> tuple[_States, np.ndarray, np.ndarray]:
         """The states of ``extras``' required nodes and the runs that leave no room for the other
@@ -256,7 +259,7 @@ class ShapePricer:
             *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts), bool(relaxed)
 
-    def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
+    def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, slopes: np.ndarray, pi: np.ndarray,
                    wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
                    full_fresh: np.ndarray, lows: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """:meth:`solve` by the compiled loops of :mod:`.shape_dp_jit`."""
@@ -265,7 +268,7 @@ class ShapePricer:
         lk = np.asarray(lows, dtype=float) if has_low else None
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
         vals, rows, counts = shape_dp_jit.solve_batch(
-            caps, lk, weights, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
+            caps, lk, weights, slopes, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
             *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts)
 
@@ -285,7 +288,7 @@ class ShapePricer:
         return [self.shape(tuple(map(tuple, rows[k, : counts[k]].tolist()))) if math.isfinite(vals[k]) else None
                 for k in range(len(vals))]
 
-    def _solve_numpy(self, st: _States, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
+    def _solve_numpy(self, st: _States, caps: np.ndarray, weights: np.ndarray, slopes: np.ndarray, pi: np.ndarray,
                      wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:
         """:meth:`solve` vectorised over the caps (the oracle of the compiled form)."""
         K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
@@ -303,7 +306,14 @@ class ShapePricer:
         def wok(w: np.ndarray | None) -> np.ndarray | bool:
             """(K, C): a last or single stage's w (C,) fits the cap (its run is the stage itself)."""
             return True if wk is None or w is None else w[None, :] <= wk
-        pen = weights[:, None] * (pi[self.node] * self.tp)[None, :]                      # (K, C)
+        pen_base = pi[self.node] * self.tp                                                # (C,)
+
+        def pen(u: np.ndarray) -> np.ndarray:
+            """(K, C, ...): π_n·t·max(weights[k], slopes[k]·u) of stages of time u (C, ...)."""
+            extra = (1,) * (u.ndim - 1)
+            wk, sk = weights.reshape(-1, 1, *extra), slopes.reshape(-1, 1, *extra)
+            with np.errstate(invalid="ignore"):  # u = inf (over the memory cap) is masked out by the caller
+                return pen_base.reshape(1, -1, *extra) * np.maximum(wk, sk * u[None])
         G = np.full((L + 1, K, S), inf)
         back: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
         capk = caps[:, None, None, None]
@@ -311,7 +321,7 @@ class ShapePricer:
             span = L - j
             ul = self.u_last[:, span - 1]
             okl = (ul[None, :] <= caps[:, None]) & wok(extras.last[:, j, span - 1] if extras else None)
-            lv = np.where(okl, ul[None, :] + pen, inf)                                   # (K, C)
+            lv = np.where(okl, ul[None, :] + pen(ul), inf)                               # (K, C)
             lm = np.where(st.last_into[None], lv[:, None, :], inf)                     # (K, S, C)
             lc = lm.argmin(axis=2)
             new = np.take_along_axis(lm, lc[:, :, None], 2)[:, :, 0]
@@ -321,9 +331,9 @@ class ShapePricer:
                 um = st.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
                 nxt = G[j + 1: L].transpose(1, 0, 2)                                     # (K, ℓ, S)
                 okm = (um[None] <= capk) & wrun(extras.mid, extras.mid_full, j, span - 1) if extras else um[None] <= capk
-                val = np.where(okm, um[None] + nxt[:, None], inf)                        # (K, C, ℓ, S)
+                val = np.where(okm, um[None] + nxt[:, None] + pen(um), inf)              # (K, C, ℓ, S)
                 lsel = val.argmin(axis=2)                                                # (K, C, S)
-                mv = np.take_along_axis(val, lsel[:, :, None, :], 2)[:, :, 0, :] + pen[:, :, None]
+                mv = np.take_along_axis(val, lsel[:, :, None, :], 2)[:, :, 0, :]
                 # a fresh run of c (after a stage on another node), by the mask it then has
                 fresh_s = np.empty((K, C, Mk), dtype=np.int64)
                 fresh = np.empty((K, C, Mk))
@@ -349,7 +359,7 @@ class ShapePricer:
             back[j] = (code, lsel)
         us = self.u_single[:, L - 1]
         oks = (us[None, :] <= caps[:, None]) & wok(extras.single[:, 0, L - 1] if extras else None) & st.single_ok[None]
-        best = np.where(oks, us[None, :] + pen, inf)                                    # (K, C)
+        best = np.where(oks, us[None, :] + pen(us), inf)                                # (K, C)
         choice = np.full((K, C), -1, dtype=np.int64)
         if L > 1:
             uf = st.u_first_s[:, : L - 1, :]
@@ -357,10 +367,10 @@ class ShapePricer:
             okf = (uf[None] <= capk) & st.first_ok[None, :, None, :]
             if extras is not None:
                 okf = okf & wrun(extras.first, extras.first_full, 0, L - 1)
-            val = np.where(okf, uf[None] + nxt[:, None], inf)
+            val = np.where(okf, uf[None] + nxt[:, None] + pen(uf), inf)
             flat = val.reshape(K, C, -1)
             idx = flat.argmin(axis=2)
-            mv = np.take_along_axis(flat, idx[:, :, None], 2)[:, :, 0] + pen
+            mv = np.take_along_axis(flat, idx[:, :, None], 2)[:, :, 0]
             better = mv < best
             best = np.where(better, mv, best)
             choice = np.where(better, idx, choice)
@@ -401,19 +411,24 @@ class ShapePricer:
             hit = self._shapes[key] = self._new_shape(key)
         return hit
 
-    def _new_shape(self, stages: tuple[tuple[int, int], ...]) -> Shape:
+    def stage_times(self, stages: Sequence[tuple[int, int]]) -> list[float]:
+        """u of each stage of an ordered stage list (its position's piece, the send to the next node)."""
         K = len(stages)
         u = []
         for k, (c, ell) in enumerate(stages):
             nxt = self.node[stages[k + 1][0]] if k + 1 < K else None
             if K == 1:
-                u.append(self.u_single[c, ell - 1])
+                u.append(float(self.u_single[c, ell - 1]))
             elif k == 0:
-                u.append(self.u_first[c, ell - 1, nxt])
+                u.append(float(self.u_first[c, ell - 1, nxt]))
             elif nxt is None:
-                u.append(self.u_last[c, ell - 1])
+                u.append(float(self.u_last[c, ell - 1]))
             else:
-                u.append(self.u_mid[c, ell - 1, nxt])
+                u.append(float(self.u_mid[c, ell - 1, nxt]))
+        return u
+
+    def _new_shape(self, stages: tuple[tuple[int, int], ...]) -> Shape:
+        u = self.stage_times(stages)
         g = [0] * self.N
         for c, _ in stages:
             g[self.node[c]] += int(self.tp[c])

@@ -315,6 +315,44 @@ def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes
 
 
 @pytest.mark.parametrize("engine", ["numpy", "jit"] if shape_dp_jit.AVAILABLE else ["numpy"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pricing_with_stage_weights_equals_the_enumerated_minimum(engine: str, seed: int) -> None:
+    """With slopes, a stage's share π_n·t of π·g is weighted by max(w, slope·u) at its own time u
+    (docs §14: a box of U > lo pays U·π·g ≥ Σ π_n·t·max(lo, u)): the DP's minimum of
+    S + Σ π_n·t·max(w, slope·u) equals the enumeration's, its argmin attains it, and slope 0 is the
+    plain weight w·π·g."""
+    rng = np.random.default_rng(seed)
+    pb = three_node_problem()
+    tables = build_tables(pb)
+    pr = ShapePricer(tables, engine=engine)
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
+    pi = rng.uniform(1.0, 20.0, len(pb.cluster.nodes))
+    us = np.array(sorted({s.bottleneck for s in shapes}))
+    caps = np.quantile(us, [0.1, 0.3, 0.6, 1.0, 1.0, 1.0])
+    weights = caps * rng.uniform(0.05, 0.5, len(caps))
+    slopes = np.array([1.0, 1.0, 0.5, 1.0, 2.0, 0.0])
+
+    def cost(s, w: float, slope: float) -> float:
+        return s.total + sum(pi[pr.node[c]] * pr.tp[c] * max(w, slope * u)
+                             for (c, _), u in zip(s.stages, pr.stage_times(s.stages)))
+
+    for visit in ((), (1,)):
+        ex = pr.extras(2, Locality(visit=frozenset(visit)))
+        vals, found = pr.solve(caps, weights, pi, extras=ex, slopes=slopes)
+        plain, _ = pr.solve(caps, weights, pi, extras=ex)
+        for k in range(len(caps)):
+            fits = [s for s in shapes if s.bottleneck <= caps[k] and fits_visits(s.stages, ex, pr.node_list, pr.tp_list)]
+            true = min((cost(s, weights[k], slopes[k]) for s in fits), default=math.inf)
+            assert vals[k] == pytest.approx(true, rel=1e-9, abs=1e-12), (visit, k)
+            if not fits:
+                assert found[k] is None
+                continue
+            assert cost(found[k], weights[k], slopes[k]) == pytest.approx(vals[k], rel=1e-9)
+            assert vals[k] >= plain[k] - 1e-12  # max(w, slope·u) ≥ w
+        assert vals[-1] == plain[-1]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "jit"] if shape_dp_jit.AVAILABLE else ["numpy"])
 def test_pricing_on_sync_tables_admits_exactly_the_shapes_under_a_sync_and_an_optimizer_cap(engine: str) -> None:
     """A box of the certificate over (max σ, max o): the DP on :func:`sync_tables` (σ = w − o, inf
     where o exceeds the optimizer cap or w the cell's cap) capped at b gives the least S + π·g over the
@@ -407,7 +445,7 @@ def test_whole_batch_pricing_by_labels_equals_the_enumerated_minimum_in_each_box
 @pytest.mark.parametrize("cluster", ["small-mixed", "mixed-a100-a40-t4", "hexiscale-het1"])
 def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
     """The compiled DP (solver/shape_dp_jit.py) returns the numpy DP's values, under caps on u and w,
-    weights, node prices, visited nodes and fixed local/spread pairs; both argmins exist together
+    weights (plain and per stage), node prices, visited nodes and fixed local/spread pairs; both argmins exist together
     and each argmin's S + weight·π·g is the value it claims."""
     pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.yaml"),
                      model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
@@ -422,10 +460,15 @@ def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
         caps = np.geomspace(0.05, 5.0, 10)
         weights = caps * rng.uniform(0.0, 20.0, len(caps))
         pi = rng.uniform(0.0, 0.6, N)
+        # a box (lo, cap] with lo = a fraction of the cap: weight λ·lo, slope λ (stages above lo pay more)
+        slopes = np.where(rng.uniform(size=len(caps)) < 0.3, 0.0, weights / (caps * rng.uniform(0.1, 0.8, len(caps))))
         for wcaps, extras in ((np.geomspace(0.05, 2.0, 10), ref.extras(P, loc)), (None, ref.extras(P, loc)), (None, None)):
             want, _ = ref.solve(caps, weights, pi, wcaps, extras)
             got, shapes = fast.solve(caps, weights, pi, wcaps, extras)
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            want_s, _ = ref.solve(caps, weights, pi, wcaps, extras, slopes=slopes)  # per-stage weights too
+            got_s, _ = fast.solve(caps, weights, pi, wcaps, extras, slopes=slopes)
+            np.testing.assert_allclose(got_s, want_s, rtol=1e-12, atol=1e-12)
             for k, sh in enumerate(shapes):
                 assert (sh is None) == (not math.isfinite(want[k]))
                 if sh is not None:
