@@ -52,7 +52,11 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, sl
     state has a flag: f = 0 once some stage of the suffix exceeds the low cap, 1 before (a shape
     counts only with f = 0); without, every suffix has f = 0. The four scans over a stage's length
     (extend a run | start one, in the middle | first) are written out, not shared through a helper:
-    a compiled helper, inlined or not, measured 1.5× slower per cap."""
+    a compiled helper, inlined or not, measured 1.5× slower per cap. In the middle, a stage's time,
+    floor and price are looked up once per (option, length) and then offered to every suffix state
+    it may precede (the states it may extend are listed per option once per call): 1.2–1.6× per cap
+    in cells with required nodes or a floor on U, equal at the root (the scans by suffix first, then
+    length, looked them up per state)."""
     K = caps.shape[0]
     C, L = u_last.shape
     S = snode.shape[0]
@@ -71,6 +75,15 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, sl
     bf = np.empty((L + 1, nf, S), dtype=np.int64)   # the flag after it
     best_g = np.empty((L + 1, nf, N, Mk))           # least G[j, f] over the states of node a with mask m
     arg_g = np.empty((L + 1, nf, N, Mk), dtype=np.int64)
+    # the states a stage of option c may extend (same node, the run still fits) and the state it makes
+    npair = np.zeros(C, dtype=np.int64)
+    pair_to = np.empty((C, S), dtype=np.int64)
+    pair_from = np.empty((C, S), dtype=np.int64)
+    for c in range(C):
+        for s2 in range(S):
+            if snode[s2] == onode[c] and ns[c, s2] >= 0:
+                pair_from[c, npair[c]], pair_to[c, npair[c]] = s2, ns[c, s2]
+                npair[c] += 1
     for k in range(K):
         cap, wcap = caps[k], wcaps[k]
         wk, sk = weights[k], slopes[k]  # a stage of option c and time u costs u + pen_base[c]·max(wk, sk·u)
@@ -92,58 +105,52 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, sl
                     G[j, f, s], bc[j, f, s], bl[j, f, s], bs[j, f, s], bf[j, f, s] = v, c, span, -1, 0
             for c in range(C):
                 nc = onode[c]
-                for s2 in range(S):  # c extends the run of the suffix state s2 (same node)
-                    s1 = ns[c, s2]
-                    if snode[s2] != nc or s1 < 0:
-                        continue
-                    fl = full[c, s2]
-                    for ell in range(1, span):
-                        u = u_mid[c, ell - 1, nc]
-                        if u > cap:  # longer stages only take longer (inf beyond the memory cap)
-                            break
-                        g0 = G[j + ell, 0, s2]
-                        g1 = G[j + ell, 1, s2] if has_low else inf
-                        if g0 == inf and g1 == inf:
+                pb = pen_base[c]
+                fl_fresh = full_fresh[c]
+                for ell in range(1, span):  # a stage's time, floor and price do not depend on the suffix
+                    u = u_mid[c, ell - 1, nc]
+                    if u > cap:  # longer stages only take longer (inf beyond the memory cap)
+                        break
+                    ok0, ok1 = True, True  # its floor fits the cap (ok1: where its run leaves no room)
+                    if has_w:
+                        ok0, ok1 = w_mid[c, j, ell - 1] <= wcap, w_mid_full[c, j, ell - 1] <= wcap
+                        if not ok0 and not ok1:
                             continue
-                        if has_w:
-                            w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
-                            if w > wcap:
-                                continue
-                        v = u + g0 + pen_base[c] * max(wk, sk * u)
+                    add = u + pb * max(wk, sk * u)
+                    f = 0 if u > low else 1
+                    for i in range(npair[c]):  # c extends the run of the suffix state s2 (same node)
+                        s2 = pair_from[c, i]
+                        if not (ok1 if full[c, s2] else ok0):
+                            continue
+                        s1 = pair_to[c, i]
+                        v = add + G[j + ell, 0, s2]
                         if v < G[j, 0, s1]:
                             G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1], bs[j, 0, s1], bf[j, 0, s1] = v, c, ell, s2, 0
-                        if g1 < inf:
-                            f = 0 if u > low else 1
-                            v = u + g1 + pen_base[c] * max(wk, sk * u)
+                        if has_low:
+                            v = add + G[j + ell, 1, s2]
                             if v < G[j, f, s1]:
                                 G[j, f, s1], bc[j, f, s1], bl[j, f, s1], bs[j, f, s1], bf[j, f, s1] = v, c, ell, s2, 1
-                fl = full_fresh[c]
                 for a in range(N):  # c starts a fresh run before a suffix on node a
                     if a == nc:
                         continue
-                    for m in range(Mk):
-                        s1 = fresh_to[c, m]
-                        if s1 < 0:
+                    for ell in range(1, span):
+                        u = u_mid[c, ell - 1, a]
+                        if u > cap:
+                            break
+                        if has_w and (w_mid_full[c, j, ell - 1] if fl_fresh else w_mid[c, j, ell - 1]) > wcap:
                             continue
-                        for ell in range(1, span):
-                            u = u_mid[c, ell - 1, a]
-                            if u > cap:
-                                break
-                            g0 = best_g[j + ell, 0, a, m]
-                            g1 = best_g[j + ell, 1, a, m] if has_low else inf
-                            if g0 == inf and g1 == inf:
+                        add = u + pb * max(wk, sk * u)
+                        f = 0 if u > low else 1
+                        for m in range(Mk):
+                            s1 = fresh_to[c, m]
+                            if s1 < 0:
                                 continue
-                            if has_w:
-                                w = w_mid_full[c, j, ell - 1] if fl else w_mid[c, j, ell - 1]
-                                if w > wcap:
-                                    continue
-                            v = u + g0 + pen_base[c] * max(wk, sk * u)
+                            v = add + best_g[j + ell, 0, a, m]
                             if v < G[j, 0, s1]:
                                 G[j, 0, s1], bc[j, 0, s1], bl[j, 0, s1] = v, c, ell
                                 bs[j, 0, s1], bf[j, 0, s1] = arg_g[j + ell, 0, a, m], 0
-                            if g1 < inf:
-                                f = 0 if u > low else 1
-                                v = u + g1 + pen_base[c] * max(wk, sk * u)
+                            if has_low:
+                                v = add + best_g[j + ell, 1, a, m]
                                 if v < G[j, f, s1]:
                                     G[j, f, s1], bc[j, f, s1], bl[j, f, s1] = v, c, ell
                                     bs[j, f, s1], bf[j, f, s1] = arg_g[j + ell, 1, a, m], 1
@@ -162,9 +169,9 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, sl
                 best, bc0, bl0, bs0, bf0 = v, c, L, -1, 0
         for c in range(C):  # c is the first stage, layers 0 … ℓ−1: the shape then uses every required node
             nc = onode[c]
-            for s2 in range(S):
-                s1 = ns[c, s2]
-                if snode[s2] != nc or s1 < 0 or smask[s1] != full_mask:
+            for i in range(npair[c]):
+                s2, s1 = pair_from[c, i], pair_to[c, i]
+                if smask[s1] != full_mask:
                     continue
                 fl = full[c, s2]
                 for ell in range(1, L):
