@@ -84,10 +84,13 @@ class _Leaf:
 def _stalled(before: FluidResult, after: FluidResult, rel_tol: float) -> bool:
     """More column generation raised nothing: the run's own certificate did not rise and its master's
     estimate did not fall (the leaf's bound may be its parent's, which a child's run must first catch
-    up with, and a Lagrangian certificate can stay flat while the master still improves). A run cut
-    off before its first iteration (e.g. the DP compiling) proves nothing either way."""
+    up with, and a Lagrangian certificate can stay flat while the master still improves) — except in
+    the whole-batch phase, where a bound that did not rise is enough: its master keeps falling by a
+    hair per column while its certificates prove nothing (hexiscale-het2: 3 of 58 raised the bound),
+    and the time goes to branching instead. A run cut off before its first iteration (e.g. the DP
+    compiling) proves nothing either way."""
     return (after.iterations > 0 and after.lb_s <= before.lb_s * (1 + rel_tol)
-            and after.upper_s >= before.upper_s * (1 - rel_tol))
+            and (before.whole or after.upper_s >= before.upper_s * (1 - rel_tol)))
 
 
 def _spread_penalty(tables: CostTables, P: int) -> np.ndarray:

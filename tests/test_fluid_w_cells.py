@@ -135,6 +135,42 @@ def test_a_leaf_left_with_nothing_to_branch_gets_an_exact_whole_batch_phase_firs
     assert len(exact) < len(calls)
 
 
+def test_a_whole_batch_certificate_that_stops_below_the_bound_sends_the_run_to_exact_pricing(monkeypatch) -> None:
+    """In the whole-batch phase, a Lagrangian certificate that stops unclosed below the bound already
+    proven makes every later certificate of the run price exactly (Pareto labels); one that closes,
+    or raises the bound, does not; the fractional phase never does."""
+    from hexhelix.solver import fluid_bound, shape_dp_jit
+
+    if not shape_dp_jit.AVAILABLE:
+        pytest.skip("the exact whole-batch pricing needs numba")
+    tables = build_tables(make_problem(mem=(4, 4), gb=8, seq=2048, inter=6.0, layers=3))
+    P = max_pipelines(tables)
+    real = fluid_bound.certificate
+
+    def scripted(outcomes):
+        asked: list[tuple[bool, bool]] = []  # (whole, exact) of each certificate
+
+        def cert(*args, **kw):
+            asked.append((kw["whole"], kw["exact_whole"]))
+            value, cols, closed = real(*args, **kw)
+            if kw["whole"] and outcomes:  # the whole phase's next certificate: as scripted
+                lower, closed = outcomes.pop(0)
+                value = 0.0 if lower else value  # 0: at or below any bound proven
+            return value, cols, closed
+        return asked, cert
+
+    for outcomes, want_exact in (([(True, False)], True), ([(True, True)], False), ([(False, False)], False)):
+        asked, cert = scripted(list(outcomes))
+        monkeypatch.setattr(fluid_bound, "certificate", cert)
+        fluid_lower_bound(tables, pmax=P, upper_s=100.0, whole=True, max_iterations=3)
+        assert asked[0] == (True, False)  # the first whole certificate is the Lagrangian one
+        assert (len(asked) > 1 and asked[1][1]) == want_exact, (outcomes, asked)
+    asked, cert = scripted([])
+    monkeypatch.setattr(fluid_bound, "certificate", cert)
+    fluid_lower_bound(tables, pmax=P, upper_s=100.0, integral=False, max_iterations=5)
+    assert not any(exact for _, exact in asked)
+
+
 def test_a_wide_w_spread_is_cut_before_any_pair_and_a_narrow_one_only_when_no_pair_is_left(monkeypatch) -> None:
     """The order of the last splits: W first when the master's columns' W differ by ≥ W_FIRST_SHARE of
     the incumbent, else the open pair, else a W cut when they differ by ≥ W_SPLIT_SHARE, else final."""
@@ -183,8 +219,8 @@ def test_a_w_cut_lies_strictly_inside_the_cell_even_when_a_column_s_floor_is_abo
     assert fluid_branch._w_split(root, 7.677) == pytest.approx(0.5 * (0.48489 + 0.56596))
 
 
-def run(lb: float, est: float, iterations: int = 3) -> FluidResult:
-    return FluidResult(lb_s=lb, upper_s=est, iterations=iterations, columns=10, converged=False)
+def run(lb: float, est: float, iterations: int = 3, whole: bool = False) -> FluidResult:
+    return FluidResult(lb_s=lb, upper_s=est, iterations=iterations, columns=10, converged=False, whole=whole)
 
 
 def test_a_resumed_run_is_stalled_only_when_neither_its_bound_nor_its_master_moved() -> None:
@@ -193,6 +229,13 @@ def test_a_resumed_run_is_stalled_only_when_neither_its_bound_nor_its_master_mov
     assert not _stalled(run(4.0, 5.0), run(4.0, 4.8), 1e-4)      # its master still improves (Lagrangian flat)
     assert not _stalled(run(4.0, 5.0), run(4.0, 5.0, iterations=0), 1e-4)  # cut off before an iteration
     assert math.isinf(run(0.0, math.inf).upper_s) and _stalled(run(0.0, math.inf), run(0.0, math.inf), 1e-4)
+
+
+def test_a_resumed_whole_batch_run_is_stalled_when_its_bound_did_not_rise_even_if_its_master_fell() -> None:
+    whole = run(4.0, 5.0, whole=True)
+    assert _stalled(whole, run(4.0, 4.8, whole=True), 1e-4)      # the master fell, the bound did not rise
+    assert not _stalled(whole, run(4.1, 4.8, whole=True), 1e-4)  # the bound rose
+    assert not _stalled(whole, run(4.0, 4.8, iterations=0, whole=True), 1e-4)
 
 
 def test_pairs_are_branched_only_on_nodes_that_can_hold_a_layer_for_every_pipeline() -> None:
