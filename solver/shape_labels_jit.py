@@ -143,8 +143,10 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                             # merge the front of s1 with s2's front shifted by (u, pc)
                             n1 = cnt[j, f1, s1]
                             a, b, n = 0, 0, 0
+                            changed = False  # some label of s2's front entered (else the front stays as it is)
                             while a < n1 or b < n2:
-                                if b >= n2 or (a < n1 and LP[j, f1, s1, a] <= LP[j2, f2, s2, b] + pc):
+                                mine = b >= n2 or (a < n1 and LP[j, f1, s1, a] <= LP[j2, f2, s2, b] + pc)
+                                if mine:
                                     cs, cp = LS[j, f1, s1, a], LP[j, f1, s1, a]
                                     r0, r1, r2 = Bc[j, f1, s1, a], Bl[j, f1, s1, a], Bs[j, f1, s1, a]
                                     r3, r4 = Bf[j, f1, s1, a], Bi[j, f1, s1, a]
@@ -164,6 +166,9 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                                 bufS[n], bufP[n] = cs, cp
                                 bufA[n, 0], bufA[n, 1], bufA[n, 2], bufA[n, 3], bufA[n, 4] = r0, r1, r2, r3, r4
                                 n += 1
+                                changed = changed or not mine
+                            if not changed:
+                                continue
                             while n > B:  # too long a front: merge the two neighbours closest in S (a relaxation)
                                 gi, gv = 0, inf
                                 for q in range(n - 1):
@@ -204,8 +209,10 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                                 f1 = 0 if (f2 == 0 or u > low) else 1
                                 n1 = cnt[j, f1, s1]
                                 a, b, n = 0, 0, 0
+                                changed = False
                                 while a < n1 or b < n2:
-                                    if b >= n2 or (a < n1 and LP[j, f1, s1, a] <= FP[j2, f2, a_node, m, b] + pc):
+                                    mine = b >= n2 or (a < n1 and LP[j, f1, s1, a] <= FP[j2, f2, a_node, m, b] + pc)
+                                    if mine:
                                         cs, cp = LS[j, f1, s1, a], LP[j, f1, s1, a]
                                         r0, r1, r2 = Bc[j, f1, s1, a], Bl[j, f1, s1, a], Bs[j, f1, s1, a]
                                         r3, r4 = Bf[j, f1, s1, a], Bi[j, f1, s1, a]
@@ -226,6 +233,9 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
                                     bufS[n], bufP[n] = cs, cp
                                     bufA[n, 0], bufA[n, 1], bufA[n, 2], bufA[n, 3], bufA[n, 4] = r0, r1, r2, r3, r4
                                     n += 1
+                                    changed = changed or not mine
+                                if not changed:
+                                    continue
                                 while n > B:  # too long a front: merge the two neighbours closest in S (a relaxation)
                                     gi, gv = 0, inf
                                     for q in range(n - 1):
