@@ -46,8 +46,9 @@ FLUID_COLLECT_S = 1.0        # kept at the end to receive the child's bounds and
 FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd and even pipeline counts)
 # ... after the exact models had this share of the time: at 16-32 GPUs they proved no more than the
 # shape bound and found no better plan in 120 s; 5 % against 15 % (2026-12-01, one 120 s solve each):
-# gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both
-EXACT_SHARE_SPLIT = 0.05
+# gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both; 2 % against 5 %
+# (2026-12-02, hexiscale-het2, two 120 s cpsat solves each): bound 7.5080/7.5095 -> 7.5098/7.5156 s
+EXACT_SHARE_SPLIT = 0.02
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
