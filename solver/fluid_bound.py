@@ -6,25 +6,28 @@ tabulated affine pieces (:mod:`.candidates`), bottleneck U = max u_k and sum S =
 W = max(R, max_k w_k) on the plan's sync + optimizer seconds that the shape alone implies (w_k: the
 stage's own all-reduce over the P replicas and AdamW step, :mod:`.shape_pricing`; R: any global floor
 for the pipeline count). If the plan finishes within T, each pipeline runs m ≤ r(T) =
-1 + (T − W − S)/U micro-batches, the pipelines fit the node capacities and there are at most P_max of
+1 + (T − W − S)/U micro-batches, the pipelines fit the node capacities, there are P_min … P_max of
 them, and Σ m = M. So the *fluid master* LP
 
-    V(T) = max Σ_s r_s(T)·x_s   s.t.  Σ_s g_{s,n}·x_s ≤ G_n (every node n),  Σ_s x_s ≤ P_max,  x ≥ 0
+    V(T) = max Σ_s r_s(T)·x_s   s.t.  Σ_s g_{s,n}·x_s ≤ G_n (every node n),  P_min ≤ Σ_s x_s ≤ P_max,  x ≥ 0
 
-(over all shapes with S + W ≤ T) is ≥ M for every T ≥ the plan's iteration time. Weak duality gives,
-for *any* multipliers π ≥ 0, μ ≥ 0 (A = π·G + μ·P_max < M, ρ = (M − A)/P_max):
+(over all shapes with S + W ≤ T; every pipeline runs ≥ 1 micro-batch, so a plan of P pipelines is P
+shapes) is ≥ M for every T ≥ the plan's iteration time. Weak duality gives, for *any* multipliers
+π ≥ 0, μ ≥ 0 (A = π·G + μ·P_max < M, ρ = (M − A)/P_max):
 
     V(T) < M   whenever   T < T_cert(π, μ) = min_shapes [ S + W + U·(π·g + ρ − 1 + μ) ],
 
 so T_cert is a valid lower bound on the iteration time, whatever π and μ are; good multipliers come
-from the restricted master's duals (column generation). The minimum over shapes is a shortest path
+from the restricted master's duals (column generation). κ + 1 = (M − π·G)/P_max; with P_min ≥ 1,
+π·G > M is valid too, with κ + 1 = (M − π·G)/P_min < 0 (docs §14), a shape's term then
+max(0, π·g + κ)·U. The minimum over shapes is a shortest path
 over (layers covered, node of the next stage and GPUs its run of consecutive stages uses) with the
 maxima (U, and W through the largest sync σ and the largest optimizer step o) handled by branch and
 bound over boxes: for U ∈ (lo, hi], max σ ∈ (a, b] and max o ∈ (a', b'] the path minimising
 S + Σ_k π_n·t·max(lo, u_k) with every u_k ≤ hi, σ_k ≤ b and o_k ≤ b' gives a valid lower bound for
 the box (U·π·g = Σ_k π_n·t·U and U ≥ max(lo, u_k); W ≥ a + a'), and the box with the least bound is
 split until it is tight. Per pipeline count P
-(``fluid_bounds_by_pipelines``) the master has Σ x ≤ P and w_k uses exactly P replicas.
+(``fluid_bounds_by_pipelines``) the master has Σ x = P and w_k uses exactly P replicas.
 
 Relaxations (each can only lower the bound): memory with one micro-batch in flight on every stage
 (the most lenient count); node capacity per shape only for runs of consecutive stages on one node
@@ -154,8 +157,11 @@ class _Master:
     are live (bounds), so the simplex restarts from the last basis instead of from scratch (the
     bisection of :func:`_master_root` solves it ~20 times per iteration)."""
 
-    def __init__(self, caps: list[int], pmax: int, floors: _Floors) -> None:
+    def __init__(self, caps: list[int], pmax: int, floors: _Floors, pmin: int = 0, penalty: float = 0.0) -> None:
         self.caps, self.pmax, self.floors = caps, pmax, floors
+        self.pmin = pmin  # pmin ≤ Σ x ≤ pmax: the run's plans have at least pmin pipelines
+        self.off = int(pmin > 0)  # the model's first column is then that row's slack, at ``penalty`` a pipeline
+        self.penalty = penalty
         self.cols: list[Shape] = []
         self.keys: set[tuple] = set()
         self.last: tuple[list[Shape], np.ndarray] = ([], np.zeros(0))
@@ -174,8 +180,14 @@ class _Master:
     def _empty(self) -> highspy.Highs:
         """A model with the master's rows (node capacities, then the pipeline count) and no column."""
         h = _highs()
-        for cap in (*self.caps, self.pmax):
+        for cap in self.caps:
             h.addRow(-highspy.kHighsInf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        h.addRow(float(self.pmin) if self.pmin > 0 else -highspy.kHighsInf, float(self.pmax), 0,
+                 np.zeros(0, dtype=np.int32), np.zeros(0))
+        if self.pmin > 0:  # pipelines missing from Σ x ≥ pmin, each worth −penalty micro-batches: the LP
+            # stays feasible when the live columns cannot make pmin pipelines (its duals price the ones it lacks)
+            h.addCol(float(self.penalty), 0.0, highspy.kHighsInf, 1, np.array([len(self.caps)], dtype=np.int32),
+                     np.array([1.0]))
         return h
 
     def _add_columns(self, h: highspy.Highs, cols: list[Shape], upper: float) -> None:
@@ -207,7 +219,7 @@ class _Master:
         if not live.any():
             return 0.0
         n = len(self.cols)
-        idx = np.arange(n, dtype=np.int32)
+        idx = np.arange(self.off, self.off + n, dtype=np.int32)
         h.changeColsCost(n, idx, np.where(live, -self._rates(t), 0.0))
         h.changeColsBounds(n, idx, np.zeros(n), np.where(live, highspy.kHighsInf, 0.0))
         h.run()
@@ -235,14 +247,15 @@ class _Master:
             return 0.0, np.zeros(N), 0.0
         h = self._empty()
         self._add_columns(h, live, highspy.kHighsInf)
-        h.changeColsCost(len(live), np.arange(len(live), dtype=np.int32), -self._rates(t)[mask])
+        h.changeColsCost(len(live), np.arange(self.off, self.off + len(live), dtype=np.int32), -self._rates(t)[mask])
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # e.g. fewer columns than P: no duals
             return 0.0, np.zeros(N), 0.0
         sol = h.getSolution()
-        self.last = (live, np.asarray(sol.col_value))
+        self.last = (live, np.asarray(sol.col_value)[self.off:])
         duals = -np.asarray(sol.row_dual)   # minimisation of −V: duals of ≤ rows are ≤ 0
-        return -h.getInfo().objective_function_value, np.maximum(0.0, duals[:N]), max(0.0, float(duals[N]))
+        mu = float(duals[N]) if self.pmin > 0 else max(0.0, float(duals[N]))  # (< 0 when Σ x ≥ pmin binds)
+        return -h.getInfo().objective_function_value, np.maximum(0.0, duals[:N]), mu
 
 
 def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_s: float = 0.0,
@@ -273,7 +286,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     M = tables.micro_batches
     caps = [node.count for node in tables.problem.cluster.nodes]
     floors = _Floors(tables, replicas, rest_s, locality, w_cap)
-    master = _Master(caps, pmax, floors)
+    master = _Master(caps, pmax, floors, pmin=replicas if LEAST_COUNT else 0, penalty=float(M))
     master.whole = whole
     for s in pool:
         master.add(s)
@@ -307,7 +320,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, max_dp=budget, rel=rel,
                                        replicas=replicas,
                                        rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap,
-                                       exact_whole=exact_whole)
+                                       exact_whole=exact_whole, pmin=master.pmin)
         duals = (tuple(pi.tolist()), mu)
         if master.whole and not tight and not exact_whole and cert <= lb and ESCALATE_EXACT and pr.engine == "jit":
             # the Lagrangian boxes stopped short below the bound already proven: from now on price them
@@ -364,6 +377,7 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
 LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
 DP_CALLS = 400  # a certificate's DP calls before it stops unclosed (then doubled, up to DP_RAISE×)
 DP_RAISE = 8
+LEAST_COUNT = True  # a run for plans of P_lo … P_hi pipelines has Σ x ≥ P_lo too (Σ x = P for one P)
 ESCALATE_EXACT = True  # a whole-batch certificate whose Lagrangian boxes stop unclosed: price them exactly
 LABEL_SPAN = 0.05  # whole-batch boxes with hi ≤ lo·(1 + this) (and their halves) are priced by labels
 
@@ -372,8 +386,9 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
                  deadline: float | None, max_dp: int = DP_CALLS, rel: float = 1e-5, *, replicas: int = 1,
                  rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
                  whole: bool = False, w_cap: float = math.inf,
-                 exact_whole: bool = False) -> tuple[float, list[Shape], bool]:
-    """T_cert(π, μ) = min over shapes of S + W + U·(π·g + κ), κ = ρ − 1 + μ, by branch and bound
+                 exact_whole: bool = False, pmin: int = 0) -> tuple[float, list[Shape], bool]:
+    """T_cert(π, μ) = min over shapes of S + W + U·max(0, π·g + κ), κ = ρ − 1 + μ (or, with ``pmin``
+    pipelines at least and π·G > M, κ = (M − π·G)/pmin − 1), by branch and bound
     over boxes of (U, max σ, max o); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes
     that also cut π·g (:func:`_box_bound`; a box flat in all of them is a Lagrangian bound, so the
     search stops unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U
@@ -398,10 +413,14 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     extras = floors.extras
     caps = np.array([float(n.count) for n in tables.problem.cluster.nodes])
     A = float(pi @ caps) + mu * pmax
-    if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
-        shrink = M * (1 - 1e-9) / A
-        pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
-    kappa = (M - A) / pmax - 1.0 + mu   # κ' = κ + 1 ≥ 0
+    if pmin > 0 and float(pi @ caps) >= M * (1 - 1e-9):
+        # every plan has ≥ pmin pipelines: κ' = (M − π·G)/pmin < 0 is valid (Σ_p κ' ≤ κ'·pmin)
+        kappa = (M - float(pi @ caps)) / pmin - 1.0
+    else:
+        if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
+            shrink = M * (1 - 1e-9) / A
+            pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
+        kappa = (M - A) / pmax - 1.0 + mu   # κ' = κ + 1 = (M − π·G)/pmax ≥ 0
     lo0 = pr.u_floor
     if top <= lo0:
         return top, [], True
@@ -444,7 +463,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         return max(0, math.floor(pg(s) + kp))
 
     def linear(s: Shape) -> float:  # the fractional certificate's value: best columns for the fractional master
-        return s.total + floors(s) + s.bottleneck * (pg(s) + kappa)
+        return s.total + floors(s) + s.bottleneck * max(0.0, pg(s) + kappa)
 
     def value(s: Shape) -> float:
         return s.total + floors(s) + s.bottleneck * k_of(s) if whole else linear(s)
@@ -458,7 +477,10 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + Σ π_n·t·max(lo, u)/(1 + κ)]
     # + W — a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
     steep = not whole and -1.0 + 1e-12 < kappa < 0.0
-    lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0,)
+    # fractional, κ < 0: a shape's value is at least S + W (its U term max(0, π·g + κ)·U ≥ 0), which the
+    # DP at λ = 0 bounds by the box's least S; far below −1 (one P, Σ x = P) the linear term alone says little
+    flat = not whole and kappa <= -1.0 + 1e-12
+    lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0, 0.0) if flat else (1.0,)
     J, one = len(lams), lams.index(1.0)
     labels = whole and exact_whole and pr.engine == "jit"  # boxes flat in U and W: exact in π·g
     relaxed = False
@@ -493,7 +515,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
             # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
             # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
-            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole else None
+            # (fractional with κ ≤ −1 likewise: there the box's least S bounds it, and S ≥ U > lo)
+            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole or flat or steep else None
             his, bs = np.array([b[1] for b in group]), np.array([b[3] for b in group])
             # fractional: a box's shapes have U > lo, so U·π·g ≥ Σ π_n·t·max(lo, u) over their stages
             # (each stage's own time, not only the box's floor: exact for a balanced shape)
@@ -512,6 +535,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
                     bound = vals[i, one] + w_of(box) + min(lo * kappa, hi * kappa)
                     if steep:
                         bound = max(bound, (1.0 + kappa) * vals[i, 1] + w_of(box))
+                    elif flat:
+                        bound = max(bound, vals[i, 1] + w_of(box))
                 tie += 1
                 heapq.heappush(heap, (bound, tie, box, s))
                 for s2 in shapes[i * J: (i + 1) * J]:

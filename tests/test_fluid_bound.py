@@ -15,7 +15,7 @@ import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
-from hexhelix.solver import fluid_branch, shape_dp_jit
+from hexhelix.solver import fluid_bound, fluid_branch, shape_dp_jit
 from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
@@ -505,6 +505,62 @@ def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int, exact_
         assert cert <= true * (1 + 1e-9) + 1e-12
         if closed:
             assert cert >= true - 1e-4 * abs(true)
+
+
+@pytest.mark.parametrize("mode", ["fractional", "labels", "lagrangian"])
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_a_least_pipeline_count_lets_the_certificate_constant_fall_below_zero(seed: int, mode: str) -> None:
+    """Plans with at least pmin pipelines admit multipliers with π·G > M (docs §14): the per-pipeline
+    constant κ' = (M − π·G)/pmin is then negative, and the certificate — fractional, S + W +
+    U·max(0, π·g + κ' − 1), or whole, S + W + U·max(0, ⌊π·g + κ'⌋) — is still never above the
+    enumeration's minimum, and equal to it when it closes."""
+    pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
+    tables = build_tables(pb)
+    P = max_pipelines(tables)
+    M = tables.micro_batches
+    caps = np.array([n.count for n in pb.cluster.nodes], dtype=float)
+    shapes = [s for s in _all_shapes(tables, pb.model.layers) if all(np.array(s.gpus) <= caps)]
+    pr = pricer_for(tables)
+    W = {s.stages: pr.stage_w(s.stages, pr.extras(1)) for s in shapes}
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(5):
+        pi = rng.uniform(0.5, 3.0, len(caps)) * M / caps.sum()  # π·G between M/2 and 3M
+        pmin = int(rng.integers(1, P + 1))
+        cert, _, closed = certificate(tables, pi, 0.0, M, P, 1e9, None, max_dp=5000, whole=mode != "fractional",
+                                      exact_whole=mode == "labels", pmin=pmin)
+        g = float(pi @ caps)
+        kp = (M - g) / (pmin if g >= M * (1 - 1e-9) else P)
+        checked += kp < 0
+        if mode == "fractional":
+            true = min(s.total + W[s.stages] + s.bottleneck * max(0.0, pi @ np.array(s.gpus) + kp - 1) for s in shapes)
+        else:
+            true = min(s.total + W[s.stages] + s.bottleneck * max(0, math.floor(pi @ np.array(s.gpus) + kp - 1e-9))
+                       for s in shapes)
+        assert cert <= true * (1 + 1e-9) + 1e-12
+        if closed:
+            assert cert >= true - 1e-4 * abs(true)
+    assert checked >= 1
+
+
+@pytest.mark.parametrize("seed", [1, 6, 8])
+def test_a_run_for_one_pipeline_count_counts_exactly_that_many_pipelines(seed: int, monkeypatch) -> None:
+    """A run for P_lo … P_hi pipelines has Σ x ≥ P_lo beside Σ x ≤ P_hi (every pipeline runs a
+    micro-batch, docs §14): for one P its converged master holds exactly P pipelines where the
+    master with Σ x ≤ P alone merges GPUs into fewer, and it proves more (instances where it does)."""
+    rng = random.Random(seed)
+    pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 4)), mem=(4, 4), gb=rng.randint(6, 10), seq=2048,
+                      layers=3, inter=rng.choice([2.0, 5.0]), tflops=(100.0, rng.choice([20.0, 40.0])))
+    tables = build_tables(pb)
+    P = 4
+    rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+    counted = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=100.0, integral=False)
+    monkeypatch.setattr(fluid_bound, "LEAST_COUNT", False)
+    capped = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=100.0, integral=False)
+    assert counted.converged
+    assert sum(x for _, x in counted.solution) == pytest.approx(P, rel=1e-6)
+    assert sum(x for _, x in capped.solution) < P - 0.25
+    assert counted.lb_s > 1.05 * capped.lb_s
 
 
 def test_sync_lower_bound_below_evaluated_sync() -> None:
