@@ -162,6 +162,7 @@ class _Master:
         self.pmin = pmin  # pmin ≤ Σ x ≤ pmax: the run's plans have at least pmin pipelines
         self.off = int(pmin > 0)  # the model's first column is then that row's slack, at ``penalty`` a pipeline
         self.penalty = penalty
+        self.counted = False  # the last duals are the counted master's (:meth:`solve`)
         self.cols: list[Shape] = []
         self.keys: set[tuple] = set()
         self.last: tuple[list[Shape], np.ndarray] = ([], np.zeros(0))
@@ -235,9 +236,14 @@ class _Master:
         return np.floor(r + 1e-9) if self.whole else r
 
     def solve(self, t: float) -> tuple[float, np.ndarray, float]:
-        """V_R(t), node duals π ≥ 0 and the pipeline-count dual μ ≥ 0, from a fresh model of the live
+        """V_R(t), node duals π ≥ 0 and the pipeline-count dual μ, from a fresh model of the live
         columns: a warm-started simplex ends on another optimal basis of this degenerate LP, whose
-        duals certify less (the pricing then stalls short of the master's value)."""
+        duals certify less (the pricing then stalls short of the master's value). Sets ``counted``:
+        whether the duals are those of the row P_min ≤ Σ x — not when the live columns cannot make
+        P_min pipelines (the slack is used): its duals then price the missing pipelines at the
+        slack's penalty, whose certificates proved little (hexiscale-het3's range 19 … 28 stalled at
+        3.5-4.0 s, against 5.04 s in 4 iterations with Σ x ≤ P_max alone), so they come from the
+        master without the row instead."""
         N = len(self.caps)
         self._model()  # brings the columns' S, W and U (and the kept model) up to date
         S, W, _ = self._swu
@@ -251,11 +257,20 @@ class _Master:
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # e.g. fewer columns than P: no duals
             return 0.0, np.zeros(N), 0.0
+        value = -h.getInfo().objective_function_value
         sol = h.getSolution()
+        self.counted = self.pmin > 0
+        if self.counted and sol.col_value[0] > 1e-9:  # short of P_min pipelines: the duals without the row
+            h.changeRowBounds(N, -highspy.kHighsInf, float(self.pmax))
+            h.changeColBounds(0, 0.0, 0.0)
+            h.run()
+            if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                return value, np.zeros(N), 0.0
+            sol, self.counted = h.getSolution(), False
         self.last = (live, np.asarray(sol.col_value)[self.off:])
         duals = -np.asarray(sol.row_dual)   # minimisation of −V: duals of ≤ rows are ≤ 0
-        mu = float(duals[N]) if self.pmin > 0 else max(0.0, float(duals[N]))  # (< 0 when Σ x ≥ pmin binds)
-        return -h.getInfo().objective_function_value, np.maximum(0.0, duals[:N]), mu
+        mu = float(duals[N]) if self.counted else max(0.0, float(duals[N]))  # (< 0 when Σ x ≥ pmin binds)
+        return value, np.maximum(0.0, duals[:N]), mu
 
 
 def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_s: float = 0.0,
@@ -320,7 +335,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         cert, new, tight = certificate(tables, pi, mu, M, pmax, upper_s, deadline, max_dp=budget, rel=rel,
                                        replicas=replicas,
                                        rest_s=rest_s, locality=locality, whole=master.whole, w_cap=w_cap,
-                                       exact_whole=exact_whole, pmin=master.pmin)
+                                       exact_whole=exact_whole, pmin=master.pmin if master.counted else 0)
         duals = (tuple(pi.tolist()), mu)
         if master.whole and not tight and not exact_whole and cert <= lb and ESCALATE_EXACT and pr.engine == "jit":
             # the Lagrangian boxes stopped short below the bound already proven: from now on price them
@@ -477,8 +492,11 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + Σ π_n·t·max(lo, u)/(1 + κ)]
     # + W — a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
     steep = not whole and -1.0 + 1e-12 < kappa < 0.0
-    # fractional, κ < 0: a shape's value is at least S + W (its U term max(0, π·g + κ)·U ≥ 0), which the
-    # DP at λ = 0 bounds by the box's least S; far below −1 (one P, Σ x = P) the linear term alone says little
+    # fractional, κ ≤ −1 (κ' < 0: Σ x ≥ P_lo): a shape's value is at least S + W (its U term
+    # max(0, π·g + κ)·U ≥ 0), S at least the box's least S (the DP at λ = 0) and U > lo; the linear term
+    # alone says little there. (Admitting only the box's own U > lo in that DP, as the whole-batch boxes
+    # do, closed more tiny certificates but cost hexiscale-het2 0.016 s of bound in 120 s: three solves
+    # each, 7.541 against 7.557 s mean, 2026-12-03 09:45-10:00 UTC.)
     flat = not whole and kappa <= -1.0 + 1e-12
     lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0, 0.0) if flat else (1.0,)
     J, one = len(lams), lams.index(1.0)
@@ -515,8 +533,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
             # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
             # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
-            # (fractional with κ ≤ −1 likewise: there the box's least S bounds it, and S ≥ U > lo)
-            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole or flat or steep else None
+            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole else None
             his, bs = np.array([b[1] for b in group]), np.array([b[3] for b in group])
             # fractional: a box's shapes have U > lo, so U·π·g ≥ Σ π_n·t·max(lo, u) over their stages
             # (each stage's own time, not only the box's floor: exact for a balanced shape)
@@ -536,7 +553,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
                     if steep:
                         bound = max(bound, (1.0 + kappa) * vals[i, 1] + w_of(box))
                     elif flat:
-                        bound = max(bound, vals[i, 1] + w_of(box))
+                        bound = max(bound, max(vals[i, 1], lo) + w_of(box))  # (S ≥ U > lo)
                 tie += 1
                 heapq.heappush(heap, (bound, tie, box, s))
                 for s2 in shapes[i * J: (i + 1) * J]:

@@ -543,7 +543,7 @@ def test_a_least_pipeline_count_lets_the_certificate_constant_fall_below_zero(se
     assert checked >= 1
 
 
-@pytest.mark.parametrize("seed", [1, 6, 8])
+@pytest.mark.parametrize("seed", [1, 2, 9])
 def test_a_run_for_one_pipeline_count_counts_exactly_that_many_pipelines(seed: int, monkeypatch) -> None:
     """A run for P_lo … P_hi pipelines has Σ x ≥ P_lo beside Σ x ≤ P_hi (every pipeline runs a
     micro-batch, docs §14): for one P its converged master holds exactly P pipelines where the
