@@ -160,8 +160,7 @@ class _Master:
     def __init__(self, caps: list[int], pmax: int, floors: _Floors, pmin: int = 0, penalty: float = 0.0) -> None:
         self.caps, self.pmax, self.floors = caps, pmax, floors
         self.pmin = pmin  # pmin ≤ Σ x ≤ pmax: the run's plans have at least pmin pipelines
-        self.off = int(pmin > 0)  # the model's first column is then that row's slack, at ``penalty`` a pipeline
-        self.penalty = penalty
+        self.penalty = penalty  # the cost of the row's slack, the model's first column when pmin > 0
         self.counted = False  # the last duals are the counted master's (:meth:`solve`)
         self.cols: list[Shape] = []
         self.keys: set[tuple] = set()
@@ -177,6 +176,11 @@ class _Master:
         self.keys.add(s.stages)
         self.cols.append(s)
         return True
+
+    @property
+    def off(self) -> int:
+        """Index of the first shape column: 1 behind the slack of P_min ≤ Σ x, else 0."""
+        return int(self.pmin > 0)
 
     def _empty(self) -> highspy.Highs:
         """A model with the master's rows (node capacities, then the pipeline count) and no column."""
@@ -427,10 +431,11 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     floors = _Floors(tables, replicas, rest_s, locality, w_cap)
     extras = floors.extras
     caps = np.array([float(n.count) for n in tables.problem.cluster.nodes])
-    A = float(pi @ caps) + mu * pmax
-    if pmin > 0 and float(pi @ caps) >= M * (1 - 1e-9):
+    pi_g = float(pi @ caps)
+    A = pi_g + mu * pmax
+    if pmin > 0 and pi_g >= M * (1 - 1e-9):
         # every plan has ≥ pmin pipelines: κ' = (M − π·G)/pmin < 0 is valid (Σ_p κ' ≤ κ'·pmin)
-        kappa = (M - float(pi @ caps)) / pmin - 1.0
+        kappa = (M - pi_g) / pmin - 1.0
     else:
         if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
             shrink = M * (1 - 1e-9) / A

@@ -99,7 +99,7 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
             dpre[j] = best_j
         pre[0] = 0.0
         for j in range(1, L + 1):
-            # (⌊x + y⌋ ≥ ⌊x⌋ + y − 1 for the rest y ≥ 0; a κ' below 0 — one P: Σ x = P — shifts the floor by it)
+            # (⌊x + y⌋ ≥ ⌊x⌋ + y − 1 for the rest y ≥ 0; a κ' below 0 — Σ x ≥ P_lo, docs §14 — shifts the floor by it)
             pre[j] = max(pre_s[j], dpre[j] - sc * (1.0 + max(0.0, -kp) + 1e-6))
         pg_cut = inf if sc <= 0 or not ub < inf else math.ceil(ub / sc) + 1 - kp  # beyond: the floor term alone ≥ ub
         cnt[:, :, :] = 0
