@@ -162,6 +162,7 @@ class _Master:
         self.pmin = pmin  # pmin ≤ Σ x ≤ pmax: the run's plans have at least pmin pipelines
         self.penalty = penalty  # the cost of the row's slack, the model's first column when pmin > 0
         self.counted = False  # the last duals are the counted master's (:meth:`solve`)
+        self.short = False  # the last solve needed the slack: its live columns make fewer than pmin pipelines
         self.cols: list[Shape] = []
         self.keys: set[tuple] = set()
         self.last: tuple[list[Shape], np.ndarray] = ([], np.zeros(0))
@@ -239,7 +240,7 @@ class _Master:
             r = micro_batches_within(t - W, S, U)
         return np.floor(r + 1e-9) if self.whole else r
 
-    def solve(self, t: float) -> tuple[float, np.ndarray, float]:
+    def solve(self, t: float, slack_duals: bool = False) -> tuple[float, np.ndarray, float]:
         """V_R(t), node duals π ≥ 0 and the pipeline-count dual μ, from a fresh model of the live
         columns: a warm-started simplex ends on another optimal basis of this degenerate LP, whose
         duals certify less (the pricing then stalls short of the master's value). Sets ``counted``:
@@ -247,7 +248,8 @@ class _Master:
         P_min pipelines (the slack is used): its duals then price the missing pipelines at the
         slack's penalty, whose certificates proved little (hexiscale-het3's range 19 … 28 stalled at
         3.5-4.0 s, against 5.04 s in 4 iterations with Σ x ≤ P_max alone), so they come from the
-        master without the row instead."""
+        master without the row instead — unless ``slack_duals``: pricing at those duals found no new
+        column, so the run prices once at the slack's (they value a further pipeline)."""
         N = len(self.caps)
         self._model()  # brings the columns' S, W and U (and the kept model) up to date
         S, W, _ = self._swu
@@ -264,7 +266,8 @@ class _Master:
         value = -h.getInfo().objective_function_value
         sol = h.getSolution()
         self.counted = self.pmin > 0
-        if self.counted and sol.col_value[0] > 1e-9:  # short of P_min pipelines: the duals without the row
+        self.short = self.counted and sol.col_value[0] > 1e-9
+        if self.short and not slack_duals:  # short of P_min pipelines: the duals without the row
             h.changeRowBounds(N, -highspy.kHighsInf, float(self.pmax))
             h.changeColBounds(0, 0.0, 0.0)
             h.run()
@@ -328,11 +331,13 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     # W cell raises: its bound holds from the start, before any certificate closes)
     lb, est, it, converged, duals, retry = min(max(lb_s, rest_s), upper_s), upper_s, 0, False, None, False
     budget = DP_CALLS  # DP calls per certificate (raised when one runs out of them unclosed)
+    phase1 = False  # price at the slack's duals this iteration (a master short of P_lo pipelines)
     while it < max_iterations and (deadline is None or time.monotonic() < deadline):
         it += 1
         est, below = _master_root(master, M, lb, upper_s)
         # whole batches: V_R is a step function, and the duals just below its step prove that step
-        _, pi, mu = master.solve(below if master.whole and below < est else est)
+        _, pi, mu = master.solve(below if master.whole and below < est else est, slack_duals=phase1)
+        phase1, was_phase1 = False, phase1
         # price only as precisely as the current gap needs (tight at the end: rel_tol/10)
         rel = max(0.1 * rel_tol, 0.25 * (est - lb) / est) if est > 0 and not retry else 0.1 * rel_tol
         retry = False
@@ -351,6 +356,11 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         added = sum(master.add(s) for s in new)
         if est - lb <= rel_tol * est:
             converged = True
+        elif not added and master.short and not was_phase1 and SLACK_PRICING:
+            # the master is short of P_lo pipelines and the duals without the count row price nothing
+            # new: price once at the slack's duals, which value the missing pipelines (hexiscale-het1, P = 8)
+            phase1 = True
+            continue
         elif not added:  # pricing proves no new column improves the master (within its tolerance)
             if tight and rel > 0.1 * rel_tol * (1 + 1e-9):
                 retry = True
@@ -398,6 +408,7 @@ DP_CALLS = 400  # a certificate's DP calls before it stops unclosed (then double
 DP_RAISE = 8
 LEAST_COUNT = True  # a run for plans of P_lo … P_hi pipelines has Σ x ≥ P_lo too (Σ x = P for one P)
 ESCALATE_EXACT = True  # a whole-batch certificate whose Lagrangian boxes stop unclosed: price them exactly
+SLACK_PRICING = True  # a short master whose capped duals price nothing new prices at the slack's once
 LABEL_SPAN = 0.05  # whole-batch boxes with hi ≤ lo·(1 + this) (and their halves) are priced by labels
 
 
@@ -440,7 +451,8 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
         if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
             shrink = M * (1 - 1e-9) / A
             pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
-        kappa = (M - A) / pmax - 1.0 + mu   # κ' = κ + 1 = (M − π·G)/pmax ≥ 0
+        # κ' = κ + 1 = (M − π·G)/pmax ≥ 0: μ cancels, so a counted master's free μ (< 0) is harmless here
+        kappa = (M - A) / pmax - 1.0 + mu
     lo0 = pr.u_floor
     if top <= lo0:
         return top, [], True

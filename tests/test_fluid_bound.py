@@ -563,6 +563,31 @@ def test_a_run_for_one_pipeline_count_counts_exactly_that_many_pipelines(seed: i
     assert counted.lb_s > 1.05 * capped.lb_s
 
 
+def test_a_master_short_of_its_pipelines_prices_at_the_slack_duals(monkeypatch) -> None:
+    """hexiscale-het1 at P = 8: the root master's columns cannot make eight pipelines below the
+    incumbent, and the duals without the count row price no shape that would (their run stalls
+    5 % under it); priced once at the slack's duals, the run finds the small shapes and proves the
+    incumbent — a larger bound, still no larger than a plan's time."""
+    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "hexiscale-het1.yaml"),
+                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
+                                                                         seq_len=4096, recompute="full"))
+    tables = build_tables(pb)
+    heur = solve(pb, "hexiscale")
+    P = 8
+    rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+
+    def run() -> fluid_bound.FluidResult:
+        return fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=heur.iteration_time_s,
+                                 seed_plans=(heur.plan,), integral=False)
+
+    priced = run()
+    monkeypatch.setattr(fluid_bound, "SLACK_PRICING", False)
+    stalled = run()
+    assert stalled.upper_s > 1.03 * stalled.lb_s  # its master stays far above what it proves
+    assert priced.lb_s > 1.03 * stalled.lb_s
+    assert priced.lb_s <= heur.iteration_time_s * (1 + 1e-9)
+
+
 def test_sync_lower_bound_below_evaluated_sync() -> None:
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=100)
     bf = solve(pb, "bruteforce")
