@@ -192,6 +192,14 @@ def test_fluid_bound_below_heuristics_on_an_example_cluster() -> None:
     assert lb > tables.gpu_rate_bound()
 
 
+def _goal_problem(cluster: str) -> PlanProblem:
+    """The planner goal's problem on an example cluster: Llama-2 7B, global batch 64 of 4096 tokens,
+    micro-batch 1, full recompute (benchmarks/planner.py)."""
+    return PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.yaml"),
+                       model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
+                                                                           seq_len=4096, recompute="full"))
+
+
 def _all_shapes(tables, L: int) -> list:
     out = []
     for K in range(1, L + 1):
@@ -447,9 +455,7 @@ def test_compiled_pricing_equals_the_numpy_pricing(cluster: str) -> None:
     """The compiled DP (solver/shape_dp_jit.py) returns the numpy DP's values, under caps on u and w,
     weights (plain and per stage), node prices, visited nodes and fixed local/spread pairs; both argmins exist together
     and each argmin's S + weight·π·g is the value it claims."""
-    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.yaml"),
-                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
-                                                                         seq_len=4096, recompute="full"))
+    pb = _goal_problem(cluster)
     tables = build_tables(pb)
     ref, fast = ShapePricer(tables, engine="numpy"), ShapePricer(tables, engine="jit")
     rng = np.random.default_rng(len(cluster))
@@ -568,9 +574,7 @@ def test_a_master_short_of_its_pipelines_prices_at_the_slack_duals(monkeypatch) 
     incumbent, and the duals without the count row price no shape that would (their run stalls
     5 % under it); priced once at the slack's duals, the run finds the small shapes and proves the
     incumbent — a larger bound, still no larger than a plan's time."""
-    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "hexiscale-het1.yaml"),
-                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
-                                                                         seq_len=4096, recompute="full"))
+    pb = _goal_problem("hexiscale-het1")
     tables = build_tables(pb)
     heur = solve(pb, "hexiscale")
     P = 8
@@ -654,9 +658,7 @@ def test_a_shapes_floor_charges_its_largest_sync_and_its_largest_optimizer_step_
     """The plan pays max sync + max optimizer over its GPUs, which can sit on different stages: on
     mixed-a100-a40-t4's hexiscale plan the floor of a pipeline is above the best single stage's
     σ + o (by the T4 stage's AdamW step against the A40 stage's) and still below sync + opt."""
-    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "mixed-a100-a40-t4.yaml"),
-                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1,
-                                                                         seq_len=4096, recompute="full"))
+    pb = _goal_problem("mixed-a100-a40-t4")
     res = solve(pb, "hexiscale")
     tables = build_tables(pb)
     pr = pricer_for(tables)
