@@ -3,7 +3,10 @@
 Runs :func:`hexhelix.solver.fluid_bound.fluid_lower_bound` for each P given (no locality branching,
 the hexiscale plan as incumbent and seed), once with the fractional master alone and once continuing
 with whole micro-batches (docs/formulation.md §14), side by side with the same deadline, and prints
-the proven bound, the master's own estimate and whether the run converged. The planner settings are
+the proven bound, the master's own estimate and whether the run converged; after the whole run, the
+time P whole pipelines of its columns need (:func:`hexhelix.solver.whole_pipelines.whole_pipeline_time`:
+integer pipeline counts over those columns — what branching on integrality alone could reach at the
+root, an estimate, not a bound; docs/formulation.md §13). The planner settings are
 those of benchmarks/planner.py (global batch 64, micro-batch 1, seq 4096, full recompute).
 
     python benchmarks/fluid_probe.py homo-32xa100 5,7 --seconds 40
@@ -31,6 +34,7 @@ from hexhelix.solver.fluid_bound import fluid_lower_bound, optimizer_lower_bound
 from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
 from hexhelix.solver.master_rounding import Incumbent
 from hexhelix.solver.solve import solve
+from hexhelix.solver.whole_pipelines import whole_pipeline_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner import CLUSTERS, generated, problem
@@ -70,15 +74,17 @@ def main(argv: list[str] | None = None) -> int:
               f"gap to the incumbent ({inc.time_s:.4f} s, {'rounded' if inc.improved else 'hexiscale'}) "
               f"{1 - bounds[least] / inc.time_s:.1%}")
         return 0
-    print("P  micro-batches  bound s  master s  converged  seconds")
+    print("P  micro-batches  bound s  master s  converged  seconds  whole pipelines s")
     for P in counts:
         rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
         for whole in (False, True):
             t0 = time.monotonic()
             fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=heur.iteration_time_s,
                                    seed_plans=(heur.plan,), deadline=t0 + args.seconds, integral=whole)
+            took = time.monotonic() - t0
+            integer = f"  {whole_pipeline_time(tables, fr.shapes, P, rest):17.4f}" if whole else ""
             print(f"{P:<2} {'whole' if whole else 'fractional':<14} {fr.lb_s:7.4f}  {fr.upper_s:8.4f}  "
-                  f"{fr.converged!s:<9}  {time.monotonic() - t0:5.1f}")
+                  f"{fr.converged!s:<9}  {took:5.1f}{integer}")
     return 0
 
 

@@ -1,0 +1,74 @@
+"""What whole pipelines would add to a fluid master (a diagnostic, docs/formulation.md §13).
+
+The fluid master of one pipeline count P (§14) takes fractional copies x_s of its columns. Here the
+same master over a *fixed* set of columns is solved with integer x (HiGHS MIP): exactly P whole
+pipelines within the node capacities, ⌊r_s(t)⌋ micro-batches each, the W floors of the root cell.
+Over the columns a converged root run found, the least such t estimates how far branching on
+integrality alone (node counts, integer x) could lift that P's root bound. It is *not* a bound (a
+column the run never priced could do better), so the search does not use it; benchmarks/fluid_probe.py
+prints it beside the root bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import highspy
+import numpy as np
+
+from .candidates import CostTables
+from .fluid_bound import _Floors, _highs
+from .shape_pricing import Shape, micro_batches_within
+
+
+def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: int, rest_s: float = 0.0,
+                        *, rel_tol: float = 1e-6, time_limit: float = 30.0) -> float:
+    """Seconds: the least t at which ``pipelines`` whole copies of ``shapes`` (repeats allowed, every
+    node's GPUs within its count) run the global batch, each ⌊1 + (t − W − S)/U⌋ micro-batches; inf if
+    no such choice exists. ``rest_s`` is the root's floor on sync + optimizer (as in the fluid run)."""
+    floors = _Floors(tables, pipelines, rest_s)
+    cols = [s for s in shapes if math.isfinite(s.bottleneck) and math.isfinite(floors(s))]
+    if not cols:
+        return math.inf
+    S = np.array([s.total for s in cols])
+    W = np.array([floors(s) for s in cols])
+    U = np.array([s.bottleneck for s in cols])
+    caps = [node.count for node in tables.problem.cluster.nodes]
+    M = tables.micro_batches
+
+    def runs_all(t: float) -> bool:
+        live = np.nonzero(S + W <= t)[0]
+        if len(live) == 0:
+            return False
+        rates = np.floor(micro_batches_within(t - W[live], S[live], U[live]) + 1e-9)
+        h = _mip(caps, pipelines, [cols[i] for i in live], rates, time_limit)
+        found = h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+        return found and -h.getInfo().objective_function_value >= M - 1e-9  # a timed-out MIP's incumbent counts
+
+    lo = float(np.min(S + W))
+    hi = float(np.max(S + W + (M - 1) * U))  # every column alone runs the whole batch by then
+    if not runs_all(hi):  # no P columns fit the nodes together
+        return math.inf
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if runs_all(mid) else (mid, hi)
+    return hi
+
+
+def _mip(caps: list[int], pipelines: int, cols: list[Shape], rates: np.ndarray, time_limit: float) -> highspy.Highs:
+    """max Σ rate_s·x_s over integer x ≥ 0 with Σ x = P and Σ_s gpus_{s,n}·x_s ≤ G_n, solved."""
+    h = _highs()
+    h.setOptionValue("time_limit", time_limit)
+    h.setOptionValue("mip_rel_gap", 0.0)
+    N = len(caps)
+    for cap in caps:
+        h.addRow(-highspy.kHighsInf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addRow(float(pipelines), float(pipelines), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    for j, (s, r) in enumerate(zip(cols, rates)):
+        nz = [n for n in range(N) if s.gpus[n] > 0]
+        h.addCol(-float(r), 0.0, float(pipelines), len(nz) + 1, np.array([*nz, N], dtype=np.int32),
+                 np.array([*(float(s.gpus[n]) for n in nz), 1.0]))
+        h.changeColIntegrality(j, highspy.HighsVarType.kInteger)
+    h.run()
+    return h
