@@ -18,7 +18,7 @@ import highspy
 import numpy as np
 
 from .candidates import CostTables
-from .fluid_bound import _Floors, _highs
+from .fluid_bound import _Floors, _Master
 from .shape_pricing import Shape, micro_batches_within
 
 
@@ -34,7 +34,7 @@ def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: 
     S = np.array([s.total for s in cols])
     W = np.array([floors(s) for s in cols])
     U = np.array([s.bottleneck for s in cols])
-    caps = [node.count for node in tables.problem.cluster.nodes]
+    master = _Master([node.count for node in tables.problem.cluster.nodes], pipelines, floors)  # rows only
     M = tables.micro_batches
 
     def runs_all(t: float) -> bool:
@@ -42,7 +42,7 @@ def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: 
         if len(live) == 0:
             return False
         rates = np.floor(micro_batches_within(t - W[live], S[live], U[live]) + 1e-9)
-        h = _mip(caps, pipelines, [cols[i] for i in live], rates, time_limit)
+        h = _mip(master, [cols[i] for i in live], rates, time_limit)
         found = h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
         return found and -h.getInfo().objective_function_value >= M - 1e-9  # a timed-out MIP's incumbent counts
 
@@ -56,19 +56,18 @@ def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: 
     return hi
 
 
-def _mip(caps: list[int], pipelines: int, cols: list[Shape], rates: np.ndarray, time_limit: float) -> highspy.Highs:
-    """max Σ rate_s·x_s over integer x ≥ 0 with Σ x = P and Σ_s gpus_{s,n}·x_s ≤ G_n, solved."""
-    h = _highs()
+def _mip(master: _Master, cols: list[Shape], rates: np.ndarray, time_limit: float) -> highspy.Highs:
+    """max Σ rate_s·x_s over integer x ≥ 0 with Σ x = P and Σ_s gpus_{s,n}·x_s ≤ G_n, solved: the fluid
+    master's rows and columns, its count row made an equality."""
+    P = float(master.pmax)
+    h = master._empty()
+    h.changeRowBounds(len(master.caps), P, P)
+    master._add_columns(h, cols, P)
+    n = len(cols)
+    idx = np.arange(n, dtype=np.int32)
+    h.changeColsCost(n, idx, -np.asarray(rates, dtype=float))
+    h.changeColsIntegrality(n, idx, np.full(n, highspy.HighsVarType.kInteger))
     h.setOptionValue("time_limit", time_limit)
     h.setOptionValue("mip_rel_gap", 0.0)
-    N = len(caps)
-    for cap in caps:
-        h.addRow(-highspy.kHighsInf, float(cap), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
-    h.addRow(float(pipelines), float(pipelines), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
-    for j, (s, r) in enumerate(zip(cols, rates)):
-        nz = [n for n in range(N) if s.gpus[n] > 0]
-        h.addCol(-float(r), 0.0, float(pipelines), len(nz) + 1, np.array([*nz, N], dtype=np.int32),
-                 np.array([*(float(s.gpus[n]) for n in nz), 1.0]))
-        h.changeColIntegrality(j, highspy.HighsVarType.kInteger)
     h.run()
     return h
