@@ -19,7 +19,7 @@ import numpy as np
 
 from .candidates import CostTables
 from .fluid_bound import _Floors, _Master
-from .shape_pricing import Shape, micro_batches_within
+from .shape_pricing import Shape
 
 
 def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: int, rest_s: float = 0.0,
@@ -28,20 +28,24 @@ def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: 
     node's GPUs within its count) run the global batch, each ⌊1 + (t − W − S)/U⌋ micro-batches; inf if
     no such choice exists. ``rest_s`` is the root's floor on sync + optimizer (as in the fluid run)."""
     floors = _Floors(tables, pipelines, rest_s)
-    cols = [s for s in shapes if math.isfinite(s.bottleneck) and math.isfinite(floors(s))]
-    if not cols:
+    master = _Master([node.count for node in tables.problem.cluster.nodes], pipelines, floors)
+    master.whole = True  # ⌊r_s(t)⌋ micro-batches per column (:meth:`_Master._rates`)
+    for s in shapes:
+        master.add(s)
+    master._model()  # the columns' S, W and U
+    S, W, U = master._swu
+    kept = np.isfinite(W)  # (W = inf: a shape the root cell excludes)
+    if not kept.any():
         return math.inf
-    S = np.array([s.total for s in cols])
-    W = np.array([floors(s) for s in cols])
-    U = np.array([s.bottleneck for s in cols])
-    master = _Master([node.count for node in tables.problem.cluster.nodes], pipelines, floors)  # rows only
+    S, W, U = S[kept], W[kept], U[kept]
+    cols = [s for s, k in zip(master.cols, kept) if k]
     M = tables.micro_batches
 
     def runs_all(t: float) -> bool:
         live = np.nonzero(S + W <= t)[0]
         if len(live) == 0:
             return False
-        rates = np.floor(micro_batches_within(t - W[live], S[live], U[live]) + 1e-9)
+        rates = master._rates(t)[kept][live]
         h = _mip(master, [cols[i] for i in live], rates, time_limit)
         found = h.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
         return found and -h.getInfo().objective_function_value >= M - 1e-9  # a timed-out MIP's incumbent counts

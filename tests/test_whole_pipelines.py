@@ -42,9 +42,9 @@ def _brute_force(tables, shapes, P: int, rest: float) -> float:
     return best
 
 
-def _root(pb, P: int):
+def _root(pb, P: int, heur=None):
     tables = build_tables(pb)
-    heur = solve(pb, "hexiscale")
+    heur = heur if heur is not None else solve(pb, "hexiscale")
     rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
     seeds = (heur.plan,) if heur.plan is not None else ()
     fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=heur.iteration_time_s if seeds else None,
@@ -78,6 +78,6 @@ def test_whole_pipelines_sit_between_the_fractional_master_and_the_plan() -> Non
     pb = _goal_problem("small-mixed")
     heur = solve(pb, "hexiscale")
     P = len(heur.plan.pipelines)
-    tables, heur, rest, fr = _root(pb, P)
+    tables, _, rest, fr = _root(pb, P, heur)
     got = whole_pipeline_time(tables, fr.shapes, P, rest)
     assert fr.upper_s * (1 - 1e-6) <= got <= heur.iteration_time_s * (1 + 1e-6)
