@@ -1,0 +1,235 @@
+"""Plans of P identical pipelines, enumerated: a candidate family for hexiscale's portfolio.
+
+Every pipeline has one shape: per *unit*, the same ordered TP split (or none), the units visited in
+one order. A unit is a node that every pipeline uses (≤ ⌊G/P⌋ GPUs each), or a group of
+interchangeable nodes taken in turn (pipeline p on member p mod k, ≤ ⌊G/⌈P/k⌉⌋ GPUs each, as
+hexiscale-het3's two 4-GPU nodes under 8 pipelines). When every unit is a single node, each layer
+sits on one node in every pipeline, so its gradient syncs on that node's link — the structure of the
+best plans on clusters whose nodes talk over slow links. Phase 2 of hexiscale chooses a block's TP
+split by pipeline time alone; here the fastest shapes by pipeline time are scored by the evaluator,
+gradient sync included (hexiscale-het3: a 1-GPU 3090 stage with one layer in front, 5.492 → 5.449 s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
+from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+
+from .candidates import identical_node_groups
+from .evaluate import Evaluation, evaluate
+from .layer_assign import Stage, tp_splits
+
+__all__ = ["Unit", "best_symmetric", "ranked_shapes", "replicate", "unit_sets"]
+
+Layout = Callable[[list[Stage], int], "tuple[tuple[int, ...], float] | None"]
+Shape = tuple[tuple["Unit", tuple[int, ...]], ...]   # (unit, its ordered TP split) in visiting order
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Nodes a pipeline may take GPUs from: pipeline p uses ``members[p % len(members)]``."""
+
+    members: tuple[int, ...]
+    cap: int                  # GPUs per pipeline
+
+    def node(self, p: int) -> int:
+        return self.members[p % len(self.members)]
+
+    def first_gpu(self, p: int, take: int) -> int:
+        """Local index of pipeline p's first GPU on its node (pipelines sharing a node take turns)."""
+        return (p // len(self.members)) * take
+
+
+def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
+    out = []
+    for t in range(1, n + 1):
+        try:
+            problem.model.check_tp(t)
+            out.append(t)
+        except ValueError:
+            pass
+    return out
+
+
+def unit_sets(problem: PlanProblem, P: int) -> list[list[list[Unit]]]:
+    """Every way to cut the nodes into units, as lists of interchangeable units: each group of
+    interchangeable nodes is used node by node, or (two or more nodes) as one shared unit."""
+    cl = problem.cluster
+    per_group = []
+    for g in identical_node_groups(problem):
+        G = cl.nodes[g[0]].count
+        modes = [[Unit((n,), G // P) for n in g]]
+        if len(g) > 1:
+            modes.append([Unit(tuple(g), G // math.ceil(P / len(g)))])
+        per_group.append(modes)
+    return [list(combo) for combo in itertools.product(*per_group)]
+
+
+def _splits(problem: PlanProblem, cap: int) -> list[tuple[int, ...]]:
+    """() for an unused unit, then every ordered TP split of 1 … cap GPUs."""
+    out: list[tuple[int, ...]] = [()]
+    for a in range(1, cap + 1):
+        for sp in tp_splits(a, _valid_tp(problem, a)):
+            out.extend(sorted(set(itertools.permutations(sp))))
+    return out
+
+
+class _Budget:
+    """Enumeration steps left; spent by every split combination and visiting order looked at."""
+
+    def __init__(self, steps: int | None):
+        self.left = steps
+
+    def spend(self) -> bool:
+        """False once the budget is gone (no budget: never)."""
+        if self.left is None:
+            return True
+        self.left -= 1
+        return self.left >= 0
+
+
+def _distinct_orders(keys: list[tuple]) -> Iterator[tuple[int, ...]]:
+    """Orderings of ``keys`` (as index tuples) that differ in their key sequence; equal keys keep
+    their relative order."""
+    kinds = sorted(set(keys))
+    pools = {k: [i for i, kk in enumerate(keys) if kk == k] for k in kinds}
+    taken = dict.fromkeys(kinds, 0)
+    out: list[int] = []
+
+    def rec() -> Iterator[tuple[int, ...]]:
+        if len(out) == len(keys):
+            yield tuple(out)
+            return
+        for k in kinds:
+            if taken[k] < len(pools[k]):
+                out.append(pools[k][taken[k]])
+                taken[k] += 1
+                yield from rec()
+                taken[k] -= 1
+                out.pop()
+
+    return rec()
+
+
+def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], budget: _Budget
+            ) -> Iterator[Shape | None]:
+    """Shapes over these groups of interchangeable units, one per new sequence of (group, split):
+    a multiset of splits per group, then the orders that differ; None once ``budget`` is spent."""
+    menus = [_splits(problem, units[0].cap) for units in groups]
+    def choices(gi: int) -> Iterator[tuple[tuple[int, ...], ...]]:     # lazily: groups may hold 32 nodes
+        if gi == len(groups):
+            yield ()
+            return
+        for combo in itertools.combinations_with_replacement(range(len(menus[gi])), len(groups[gi])):
+            for rest in choices(gi + 1):
+                yield (combo, *rest)
+
+    for choice in choices(0):
+        if not budget.spend():
+            yield None
+            return
+        keys, used = [], []
+        for gi, (units, menu, combo) in enumerate(zip(groups, menus, choice)):
+            for u, c in zip(units, combo):
+                if menu[c]:
+                    keys.append((gi, len(u.members), c))
+                    used.append((u, menu[c]))
+        if not used or sum(len(c) for _, c in used) > problem.model.layers:
+            continue
+        for order in _distinct_orders(keys):
+            if not budget.spend():
+                yield None
+                return
+            sig = tuple(keys[i] for i in order)
+            if sig not in seen:
+                seen.add(sig)
+                yield tuple(used[i] for i in order)
+
+
+def _by_node(problem: PlanProblem) -> dict[int, list[int]]:
+    """Device ids of each node, in order."""
+    out: dict[int, list[int]] = {}
+    for i, dv in enumerate(problem.cluster.devices()):
+        out.setdefault(dv.node, []).append(i)
+    return out
+
+
+def _stages(by_node: dict[int, list[int]], shape: Shape, p: int) -> list[Stage]:
+    """Pipeline p's stages (node, device ids) under ``shape``."""
+    out: list[Stage] = []
+    for u, split in shape:
+        n, g0 = u.node(p), u.first_gpu(p, sum(split))
+        for t in split:
+            out.append((n, tuple(by_node[n][g0:g0 + t])))
+            g0 += t
+    return out
+
+
+def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: int | None = None
+                  ) -> list[tuple[float, tuple[int, ...], Shape]] | None:
+    """(pipeline time, layer counts, shape) of every shape that fits, fastest first, at ⌈M/P⌉
+    micro-batches; None when listing the shapes takes more than ``max_steps`` steps (split
+    combinations and visiting orders looked at: a deterministic stand-in for a time limit, checked
+    before any layout is paid for)."""
+    seen: set[tuple] = set()
+    budget, shapes = _Budget(max_steps), []
+    for groups in unit_sets(problem, P):
+        for shape in _shapes(problem, groups, seen, budget):
+            if shape is None:
+                return None
+            shapes.append(shape)
+    m = math.ceil(problem.training.num_micro_batches / P)
+    by_node, out = _by_node(problem), []
+    for shape in shapes:
+        lay = layout(_stages(by_node, shape, 0), m)
+        if lay is not None:
+            out.append((lay[1], lay[0], shape))
+    out.sort(key=lambda r: r[0])     # stable: ties keep the enumeration's order
+    return out
+
+
+def replicate(problem: PlanProblem, shape: Shape, counts: Sequence[int], P: int) -> Plan:
+    """P pipelines of ``shape`` with these layer counts; micro-batches as even as possible."""
+    M, by_node = problem.training.num_micro_batches, _by_node(problem)
+    pipes = []
+    for p in range(P):
+        lo, out = 0, []
+        for (n, g), c in zip(_stages(by_node, shape, p), counts):
+            out.append(StagePlan(node=n, gpus=g, layers=(lo, lo + c)))
+            lo += c
+        pipes.append(PipelinePlan(stages=tuple(out), micro_batches=M // P + (p < M % P)))
+    return Plan(problem=problem, pipelines=tuple(pipes))
+
+
+def best_symmetric(problem: PlanProblem, P: int, layout: Layout, profile: Profile = DEFAULT_PROFILE, *,
+                   below: float = math.inf, max_steps: int | None = None, deadline: float | None = None,
+                   ranked: list[tuple[float, tuple[int, ...], Shape]] | None = None) -> tuple[Plan, Evaluation] | None:
+    """The best evaluated plan of P identical pipelines faster than ``below`` seconds, or None.
+
+    Shapes are evaluated fastest pipeline first, and the scan stops at the first whose pipeline time
+    alone reaches the best iteration time so far (sync and optimizer only add to it), so without
+    limits the result is the best of the class's shapes, each with the layer counts that minimise its
+    pipeline time. Limits (each makes it a heuristic): more than ``max_steps`` listing steps (then
+    None), or ``deadline`` (a ``time.perf_counter()`` value). ``ranked``: this P's
+    :func:`ranked_shapes`, when already listed.
+    """
+    if P > problem.training.num_micro_batches:
+        return None
+    if ranked is None:
+        ranked = ranked_shapes(problem, P, layout, max_steps=max_steps)
+    best: tuple[Plan, Evaluation] | None = None
+    for pipe_s, counts, shape in ranked or ():
+        limit = below if best is None else min(below, best[1].iteration_time_s)
+        if pipe_s >= limit or (deadline is not None and time.perf_counter() > deadline):
+            break
+        plan = replicate(problem, shape, counts, P)
+        ev = evaluate(plan, profile)
+        if ev.feasible and ev.iteration_time_s < limit:
+            best = (plan, ev)
+    return best

@@ -1,0 +1,136 @@
+"""Plans of P identical pipelines (solver/symmetric.py): the listing, the pruned scan against
+evaluating every shape, and hexiscale taking them as candidates."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hexhelix.ir.cluster import Cluster, load_cluster
+from hexhelix.ir.model import PRESETS, TrainingConfig
+from hexhelix.ir.plan import Plan, PlanProblem
+from hexhelix.solver.evaluate import evaluate
+from hexhelix.solver.hexiscale import _PipelineSolver, plan_hexiscale
+from hexhelix.solver.layer_assign import StageCostTable
+from hexhelix.solver.symmetric import (
+    _distinct_orders,
+    best_symmetric,
+    ranked_shapes,
+    replicate,
+    unit_sets,
+)
+
+
+def _problem(model: str = "tiny", batch: int = 8) -> PlanProblem:
+    """Four A100s, four A40s, and two interchangeable 1-GPU T4 nodes (a shared unit at P = 2) behind 5 GB/s."""
+    cl = Cluster.from_dict({"name": "sym", "inter_GBps": 5, "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "count": 4},
+        {"name": "b", "gpu": "A40", "count": 4},
+        {"name": "t0", "gpu": "T4", "count": 1},
+        {"name": "t1", "gpu": "T4", "count": 1}]})
+    return PlanProblem(cluster=cl, model=PRESETS[model],
+                       training=TrainingConfig(global_batch=batch, micro_batch=1, seq_len=1024))
+
+
+def _layout(pb: PlanProblem):
+    return _PipelineSolver(pb, StageCostTable(pb), tau=3).layout
+
+
+def _structure(plan: Plan, pipe: int) -> list[tuple[str, int, tuple[int, int]]]:
+    """A pipeline's stages up to which of two interchangeable nodes they sit on."""
+    cl = plan.problem.cluster
+    return [(cl.nodes[s.node].gpu, s.tp, s.layers) for s in plan.pipelines[pipe].stages]
+
+
+def test_distinct_orders_are_the_distinct_permutations_once_each():
+    keys = [("x",), ("y",), ("x",), ("z",), ("y",)]
+    got = [tuple(keys[i] for i in order) for order in _distinct_orders(keys)]
+    assert len(got) == len(set(got)) == len(set(itertools.permutations(keys)))   # 5!/(2!·2!) = 30
+    for order in _distinct_orders(keys):                  # equal keys keep their relative order
+        xs = [i for i in order if keys[i] == ("x",)]
+        assert xs == sorted(xs)
+
+
+def test_units_are_single_nodes_or_a_shared_group_of_interchangeable_nodes():
+    pb = _problem()
+    sets = unit_sets(pb, 2)
+    assert len(sets) == 2                                  # the T4 pair node by node, or shared
+    caps = sorted((len(u.members), u.cap) for groups in sets for units in groups for u in units)
+    # A100/A40: 4 // 2 = 2 GPUs per pipeline (in both sets); T4 alone: 1 // 2 = 0; shared: 1 // 1 = 1
+    assert caps == [(1, 0), (1, 0), (1, 2), (1, 2), (1, 2), (1, 2), (2, 1)]
+
+
+def _slow_sync_problem() -> PlanProblem:
+    """Llama-2 7B on 2 A100s, two interchangeable 1-GPU A40 nodes and 2 RTX 3090s behind 5 GB/s: at
+    P = 2 the fastest pipelines are not the fastest plans (their layers sync over the slow link)."""
+    cl = Cluster.from_dict({"name": "slow-sync", "inter_GBps": 5, "nodes": [
+        {"name": "a", "gpu": "A100-SXM4-80GB", "count": 2, "intra_GBps": 12},
+        {"name": "b0", "gpu": "A40", "count": 1, "intra_GBps": 12},
+        {"name": "b1", "gpu": "A40", "count": 1, "intra_GBps": 12},
+        {"name": "c", "gpu": "RTX3090", "count": 2, "intra_GBps": 12}]})
+    return PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                       training=TrainingConfig(global_batch=8, micro_batch=1, seq_len=1024, recompute="full"))
+
+
+@pytest.mark.parametrize(("which", "P"), [("tiny", 1), ("tiny", 2), ("tiny", 3), ("tiny", 4),
+                                          ("slow-sync", 1), ("slow-sync", 2)])
+def test_the_pruned_scan_finds_the_best_of_all_shapes(which, P):
+    """Evaluating every listed shape and keeping the best gives the same iteration time as the scan
+    that stops once a pipeline alone is slower than the best plan so far."""
+    pb = _problem() if which == "tiny" else _slow_sync_problem()
+    layout = _layout(pb)
+    ranked = ranked_shapes(pb, P, layout)
+    assert ranked, "every count here fits the model"
+    times = [evaluate(replicate(pb, shape, counts, P)) for _, counts, shape in ranked]
+    best_all = min(ev.iteration_time_s for ev in times if ev.feasible)
+    got = best_symmetric(pb, P, layout)
+    assert got is not None
+    plan, ev = got
+    assert ev.iteration_time_s == pytest.approx(best_all, rel=1e-12)
+    assert len(plan.pipelines) == P and sum(p.micro_batches for p in plan.pipelines) == 8
+    if which == "slow-sync" and P == 2:    # the scan has to go past the fastest pipelines
+        assert times[0].iteration_time_s > best_all * 1.01
+    # a pipeline's time as laid out is what the evaluator charges it (the pruning rests on this)
+    for (pipe_s, _, _), ev in zip(ranked, times):
+        if ev.feasible:
+            assert ev.pipeline_times_s[0] == pytest.approx(pipe_s, rel=1e-9)
+    # nothing below the best: the scan returns None
+    assert best_symmetric(pb, P, layout, below=best_all * (1 - 1e-9)) is None
+
+
+def test_pipelines_are_identical_and_a_shared_unit_takes_turns():
+    pb = _problem()
+    ranked = ranked_shapes(pb, 2, _layout(pb))
+    shared = [(c, s) for _, c, s in ranked if any(len(u.members) == 2 for u, _ in s)]
+    assert shared and len(shared) < len(ranked)
+    for counts, shape in shared[:5]:
+        plan = replicate(pb, shape, counts, 2)              # Plan.check: no GPU in two stages
+        assert _structure(plan, 0) == _structure(plan, 1)
+        t4 = [[pb.cluster.nodes[s.node].name for s in p.stages if pb.cluster.nodes[s.node].gpu == "T4"]
+              for p in plan.pipelines]
+        assert t4 == [["t0"], ["t1"]]
+
+
+def test_listing_stops_over_its_step_budget_and_is_deterministic():
+    pb = _problem()
+    layout = _layout(pb)
+    assert ranked_shapes(pb, 2, layout, max_steps=3) is None
+    full = ranked_shapes(pb, 2, layout)
+    assert ranked_shapes(pb, 2, layout, max_steps=10**6) == full
+    a, b = best_symmetric(pb, 2, layout), best_symmetric(pb, 2, _layout(pb))
+    assert a[0].to_dict() == b[0].to_dict()
+
+
+def test_hexiscale_takes_identical_pipelines_where_they_win(examples_dir):
+    """hexiscale-het3, Llama-2 7B, full recompute: phase 2 leaves the 3090 node idle (its split is
+    chosen by pipeline time); eight identical pipelines with a 1-GPU 3090 stage in front sync faster."""
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het3.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full"))
+    without = plan_hexiscale(pb, symmetric=False)
+    with_ = plan_hexiscale(pb)
+    assert with_.params["winner"].startswith("symmetric P=")
+    assert with_.iteration_time_s < without.iteration_time_s * (1 - 1e-3)
+    assert with_.evaluation.feasible and math.isclose(with_.iteration_time_s,
+                                                       evaluate(with_.plan).iteration_time_s, rel_tol=1e-12)
