@@ -67,6 +67,7 @@ from .layer_assign import (
     allocate_micro_batches,
     assign_layers,
     tp_splits,
+    valid_tp,
 )
 from .layer_assign_jit import AVAILABLE as COMPILED_AVAILABLE
 from .layer_assign_jit import assign_layers_compiled
@@ -90,17 +91,6 @@ SYMMETRIC_MAX_STEPS = 30_000  # listing steps per P for identical-pipeline candi
 def min_stage_layers(problem: PlanProblem) -> int:
     """Fewest layers a stage may hold: 2 under W-shape folding (a down-leg and an up-leg), else 1."""
     return 2 if problem.schedule == "wshape" else 1
-
-
-def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
-    out = []
-    for t in range(1, n + 1):
-        try:
-            problem.model.check_tp(t)
-            out.append(t)
-        except ValueError:
-            pass
-    return out
 
 
 class _PipelineSolver:
@@ -168,7 +158,7 @@ class _PipelineSolver:
     def _menus(self, blocks: list[list[int]]) -> list[list[tuple[int, ...]]]:
         """Per block: every TP split, then ``()`` = leave the block idle (slow GPUs may cost more in
         stage time or gradient sync than they bring)."""
-        return [[*tp_splits(len(b), _valid_tp(self.problem, len(b))), ()] for b in blocks]
+        return [[*tp_splits(len(b), valid_tp(self.problem, len(b))), ()] for b in blocks]
 
     def _build(self, blocks: list[list[int]], menus: list[list[tuple[int, ...]]], ch: Sequence[int]) -> list[Stage]:
         out: list[Stage] = []

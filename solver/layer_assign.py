@@ -23,7 +23,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from . import cost
 from .evaluate import stage_cost
 
-__all__ = ["Stage", "StageCostTable", "StageProbe", "allocate_micro_batches", "assign_layers", "tp_splits"]
+__all__ = ["Stage", "StageCostTable", "StageProbe", "allocate_micro_batches", "assign_layers", "tp_splits", "valid_tp"]
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
 TIE_REL = 1e-12  # layer counts whose pipeline times differ by less (relative) are ties: the first one wins
@@ -189,6 +189,18 @@ def _compositions(n: int, degrees: tuple[int, ...]) -> tuple[tuple[int, ...], ..
         if d <= n:
             out.extend((d, *rest) for rest in _compositions(n - d, tuple(x for x in degrees if x <= d)))
     return tuple(out)
+
+
+def valid_tp(problem: PlanProblem, n: int) -> list[int]:
+    """TP degrees 1 … n that the model admits (they divide its heads)."""
+    out = []
+    for t in range(1, n + 1):
+        try:
+            problem.model.check_tp(t)
+            out.append(t)
+        except ValueError:
+            pass
+    return out
 
 
 def tp_splits(n: int, valid_tp: Sequence[int]) -> list[tuple[int, ...]]:

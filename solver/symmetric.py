@@ -23,7 +23,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from .candidates import identical_node_groups
 from .evaluate import Evaluation, evaluate
-from .layer_assign import Stage, tp_splits
+from .layer_assign import Stage, tp_splits, valid_tp
 
 __all__ = ["Unit", "best_symmetric", "ranked_shapes", "replicate", "unit_sets"]
 
@@ -46,17 +46,6 @@ class Unit:
         return (p // len(self.members)) * take
 
 
-def _valid_tp(problem: PlanProblem, n: int) -> list[int]:
-    out = []
-    for t in range(1, n + 1):
-        try:
-            problem.model.check_tp(t)
-            out.append(t)
-        except ValueError:
-            pass
-    return out
-
-
 def unit_sets(problem: PlanProblem, P: int) -> list[list[list[Unit]]]:
     """Every way to cut the nodes into units, as lists of interchangeable units: each group of
     interchangeable nodes is used node by node, or (two or more nodes) as one shared unit."""
@@ -75,7 +64,7 @@ def _splits(problem: PlanProblem, cap: int) -> list[tuple[int, ...]]:
     """() for an unused unit, then every ordered TP split of 1 … cap GPUs."""
     out: list[tuple[int, ...]] = [()]
     for a in range(1, cap + 1):
-        for sp in tp_splits(a, _valid_tp(problem, a)):
+        for sp in tp_splits(a, valid_tp(problem, a)):
             out.extend(sorted(set(itertools.permutations(sp))))
     return out
 
