@@ -495,12 +495,13 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
         if meg.plan is not None and (best is None or meg.iteration_time_s < best[0]):
             best = (meg.iteration_time_s, meg.plan, "megatron shape")
     for P in visited if symmetric and not truncated else ():
+        if P < 2:                 # one pipeline has no gradient sync, which phase 2 cannot see anyway
+            continue
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
             truncated = True
             break
         sym = best_symmetric(problem, P, ps.layout, profile, below=math.inf if best is None else best[0],
-                             max_steps=SYMMETRIC_MAX_STEPS,
-                             deadline=None if time_limit is None else t0 + time_limit) if P >= 2 else None
+                             max_steps=SYMMETRIC_MAX_STEPS, deadline=None if time_limit is None else t0 + time_limit)
         if sym is not None:
             best = (sym[1].iteration_time_s, sym[0], f"symmetric P={P}")
     elapsed = time.perf_counter() - t0
