@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         counts = [int(p) for p in args.pipelines.split(",")]
+        if min(counts) < 1:
+            raise ValueError(f"pipeline counts must be >= 1, got {args.pipelines}")
         pb = problem(load_cluster(CLUSTERS / f"{args.cluster}.yaml"), args.model, 64)
     except (ValueError, KeyError, InvalidInputError) as err:
         ap.error(str(err))
