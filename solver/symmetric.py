@@ -111,6 +111,7 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
     """Shapes over these groups of interchangeable units, one per new sequence of (group, split):
     a multiset of splits per group, then the orders that differ; None once ``budget`` is spent."""
     menus = [_splits(problem, units[0].cap) for units in groups]
+
     def choices(gi: int) -> Iterator[tuple[tuple[int, ...], ...]]:     # lazily: groups may hold 32 nodes
         if gi == len(groups):
             yield ()
@@ -142,11 +143,9 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
 
 
 def _by_node(problem: PlanProblem) -> dict[int, list[int]]:
-    """Device ids of each node, in order."""
-    out: dict[int, list[int]] = {}
-    for i, dv in enumerate(problem.cluster.devices()):
-        out.setdefault(dv.node, []).append(i)
-    return out
+    """Device ids of each node (:meth:`Cluster.node_gpus`), looked up once per listing."""
+    cl = problem.cluster
+    return {n: cl.node_gpus(n) for n in range(len(cl.nodes))}
 
 
 def _stages(by_node: dict[int, list[int]], shape: Shape, p: int) -> list[Stage]:
