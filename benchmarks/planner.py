@@ -8,11 +8,12 @@ Writes three tables into the "Planner" section of benchmarks/README.md:
 
 Each mode writes its own section, so one run never erases another's tables: ``--goal`` (the issue's
 goal set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, 120 s) the ``planner``
-section; ``--full`` (every cluster, 7B/13B/30B, all six solvers, scaling 8..512 GPUs; on 2 cores a
+section (with ``--recompute none`` or ``selective``, sections of their own); ``--full`` (every cluster, 7B/13B/30B, all six solvers, scaling 8..512 GPUs; on 2 cores a
 120 s limit would take hours, so pass ``--time-limit``) the ``planner-full`` section. The default
 run is a reduced smoke run (a subset, 20 s limits) that only prints.
 
     python benchmarks/planner.py --goal                   # 9 clusters x 120 s: ~25 min
+    python benchmarks/planner.py --goal --recompute none  # the same without recompute (the CLI default)
     python benchmarks/planner.py --full --time-limit 15   # ~58 min on 2 cores
     python benchmarks/planner.py                          # reduced, printed only
 """
@@ -37,14 +38,18 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
 README = ROOT / "benchmarks" / "README.md"
 SECTIONS = {"goal": ("planner", "Planner: exact vs heuristics (issue 3)"),
-            "full": ("planner-full", "Planner: every cluster, model and solver (issue 3)")}
+            "full": ("planner-full", "Planner: every cluster, model and solver (issue 3)"),
+            "goal-none": ("planner-none", "Planner: the goal's set without activation recompute (the CLI default)"),
+            "goal-selective": ("planner-selective", "Planner: the goal's set with selective recompute")}
+RECOMPUTE = "full"  # the paper's setting; ``--recompute`` (goal runs only) sets it for the whole run
 HET_HOMO = [("hexiscale-het1", "homo-for-het1"), ("hexiscale-het2", "homo-for-het2"), ("hexiscale-het3", "homo-for-het3")]
 
 
 def problem(cluster: Cluster, model: str, gb: int) -> PlanProblem:
+    """The benchmarks' training setting: micro-batch 1, seq 4096 (30B: 2048), :data:`RECOMPUTE`."""
     seq = 2048 if model == "llama-30b" else 4096
     return PlanProblem(cluster=cluster, model=PRESETS[model],
-                       training=TrainingConfig(global_batch=gb, micro_batch=1, seq_len=seq, recompute="full"))
+                       training=TrainingConfig(global_batch=gb, micro_batch=1, seq_len=seq, recompute=RECOMPUTE))
 
 
 def generated(gpus: int) -> Cluster:
@@ -173,6 +178,9 @@ def reading(limit: float, baselines: bool = True, goal: bool = True) -> str:
                            f"up to 64 GPUs) is {verdict}. " if goal else
                            "The issue's goal (proven gap <= 2 % within 120 s on 2 cores, every example cluster up to "
                            "64 GPUs) is measured by `python benchmarks/planner.py --goal` (its own section). ") +
+            ("Without full recompute most of it is memory: a stage holds up to one micro-batch in flight per "
+             "later stage, which the fluid bound counts as one (docs/formulation.md §13). "
+             if RECOMPUTE != "full" else "") +
             "The remaining gap comes from the fluid relaxation (fractional "
             "pipelines; whole micro-batches only through a Lagrangian bound over π·g, §14; lenient memory), "
             "from the locality branching not finishing within the limit (it fixes one layer per level), and from "
@@ -191,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--goal", action="store_true",
                     help="the issue's goal: every example GPU cluster (<= 64 GPUs), Llama-2 7B, cpsat vs hexiscale, 120 s")
     ap.add_argument("--time-limit", type=float, help="seconds per exact solve (default 120 full/goal, 20 reduced)")
+    ap.add_argument("--recompute", choices=("full", "selective", "none"), default="full",
+                    help="activation recompute of every problem (default full, as the paper; with --goal, none and "
+                         "selective write sections of their own)")
     ap.add_argument("--no-write", action="store_true", help="print the section instead of editing README.md")
     ap.add_argument("--clusters", help="comma-separated example clusters instead of the mode's (a partial run)")
     ap.add_argument("--models", help="comma-separated model presets instead of the mode's")
@@ -198,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.full and args.goal:
         ap.error("--full and --goal are two runs with their own sections: pass one")
+    if args.recompute != "full" and not args.goal:
+        ap.error("--recompute none|selective is for --goal runs (their own section); --full keeps the paper's full recompute")
+    global RECOMPUTE
+    RECOMPUTE = args.recompute
     if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
         ap.error(f"--time-limit must be a positive number of seconds, not {args.time_limit:g}")
     limit = args.time_limit or (120.0 if args.full or args.goal else 20.0)
@@ -232,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{err} (clusters: names in examples/clusters; models: {', '.join(sorted(PRESETS))}; "
                  "sizes: integers)")
     cmd = "python benchmarks/planner.py" + (" --full" if args.full else "") + (" --goal" if args.goal else "") + \
+        (f" --recompute {args.recompute}" if args.recompute != "full" else "") + \
         (f" --time-limit {args.time_limit:g}" if args.time_limit else "") + \
         "".join(f" --{k} {v}" for k, v in (("clusters", args.clusters), ("models", args.models),
                                            ("sizes", args.sizes)) if v)
@@ -244,13 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     mode = f"full, {when}" if args.full else (
         f"the goal's set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, {when}" if args.goal else
         f"REDUCED: a subset of clusters and models with short time limits, {when}")
-    tag, heading = SECTIONS["full" if args.full else "goal"]
+    tag, heading = SECTIONS["full" if args.full else "goal" if args.recompute == "full" else f"goal-{args.recompute}"]
     begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
     body = "\n".join([
         begin,
         f"Produced by `{cmd}` ({mode}; "
         f"{total / 60:.1f} min). Settings: global batch {gb} (scaling: max(64, GPUs)), micro-batch 1, seq 4096 "
-        f"(30B: 2048), full recompute, 1F1B; exact solvers: time limit {limit:g} s each, warm-started from the "
+        f"(30B: 2048), recompute {RECOMPUTE}, 1F1B; exact solvers: time limit {limit:g} s each, warm-started from the "
         "heuristics; gap = (iteration time - best proven bound over all solvers) / iteration time; (opt) = proven "
         "optimal. Every plan is scored by the one evaluator.",
         "",

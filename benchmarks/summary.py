@@ -221,6 +221,8 @@ def dhelix_repro(md: str) -> str:
 ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("Planner: exact vs heuristics", "planner", planner, "python benchmarks/planner.py --goal"),
     ("Planner: every cluster, model, solver", "planner-full", planner, "python benchmarks/planner.py --full --time-limit 15"),
+    ("Planner without recompute (CLI default)", "planner-none", planner,
+     "python benchmarks/planner.py --goal --recompute none"),
     ("Heuristic planners", "heuristics", heuristics, "python benchmarks/heuristics.py --write"),
     ("HexiScale reproduction", "reproduce-hexiscale", hexiscale_repro, "python benchmarks/reproduce.py --part hexiscale"),
     ("Segment pairing (DHelix)", "pairing", pairing, "python benchmarks/pairing.py --write-readme"),
