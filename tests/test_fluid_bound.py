@@ -373,29 +373,6 @@ def test_pricing_for_two_micro_batches_admits_exactly_the_shapes_whose_memory_al
                 assert found[0].stages in {s.stages for s in allowed}
 
 
-@pytest.mark.parametrize("seed", [0, 13, 37])
-def test_the_master_counts_a_column_whose_memory_allows_one_micro_batch_at_one(seed: int) -> None:
-    """The pricer's two-micro-batch tables agree with the memory cap stage by stage, and the fluid
-    master counts a column that fits only one micro-batch at ≤ 1 however long the time, the others
-    at 1 + (t − W − S)/U (docs §14, memory in flight)."""
-    pb = random_instance(seed)
-    tables = build_tables(pb)
-    pr = pricer_for(tables)
-    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
-    assert all(pr.allows_two(s.stages) == _fits_two(tables, s) for s in shapes)
-    one = next(s for s in shapes if not _fits_two(tables, s))
-    two = next(s for s in shapes if _fits_two(tables, s))
-    floors = _Floors(tables, 1, 0.0)
-    master = _Master([n.count for n in pb.cluster.nodes], 2, floors)
-    master.add(one)
-    master.add(two)
-    master._model()
-    t = 100.0 * max(one.total, two.total)
-    rates = master._rates(t)
-    assert rates[0] == 1.0
-    assert rates[1] == pytest.approx(two.micro_batches_within(t - floors(two)))
-
-
 @pytest.mark.parametrize("seed", [0, 13, 20])
 def test_the_one_micro_batch_floor_stays_below_the_shapes_it_stands_for(seed: int) -> None:
     """A shape that runs one micro-batch lets the fluid master reach M only where π·g + κ ≤ 0, from
