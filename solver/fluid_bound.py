@@ -29,10 +29,9 @@ the box (U·π·g = Σ_k π_n·t·U and U ≥ max(lo, u_k); W ≥ a + a'), and t
 split until it is tight. Per pipeline count P
 (``fluid_bounds_by_pipelines``) the master has Σ x = P and w_k uses exactly P replicas.
 
-Relaxations (each can only lower the bound): memory at two micro-batches in flight (one on a 1F1B
-last stage; shapes that allow only one count through :func:`one_batch_floor`, docs §14 *Memory in
-flight*), where deeper stages hold more; node capacity per shape only for runs of consecutive stages
-on one node (the master enforces it for the sum over shapes); fractional pipelines and micro-batches; a stage's
+Relaxations (each can only lower the bound): memory with one micro-batch in flight on every stage
+(the most lenient count); node capacity per shape only for runs of consecutive stages on one node
+(the master enforces it for the sum over shapes); fractional pipelines and micro-batches; a stage's
 sync at the best link leaving its node (wherever the other replicas sit).
 
 Whole micro-batches (docs §14). A pipeline runs m ≤ ⌊r_s(T)⌋ micro-batches, so the master may count
@@ -66,7 +65,6 @@ from .candidates import CostTables
 from .milp_plan import quiet_stdout
 from .shape_pricing import (
     Shape,
-    ShapePricer,
     micro_batches_within,
     pricer_for,
     shape_from_stages,
@@ -172,7 +170,6 @@ class _Master:
         self._h: highspy.Highs | None = None
         self._in_model = 0  # columns already in the HiGHS model (the first ones of self.cols)
         self._swu = np.zeros((3, 0))  # S, W and U of those columns
-        self._mb_cap = np.zeros(0)  # and the micro-batches their memory allows: 1, or inf for two and more
 
     def add(self, s: Shape) -> bool:
         if s.stages in self.keys or not math.isfinite(s.bottleneck):
@@ -216,8 +213,6 @@ class _Master:
         self._add_columns(h, new, 0.0)
         if new:
             self._swu = np.hstack([self._swu, np.array([[s.total, self.floors(s), s.bottleneck] for s in new]).T])
-            pr = self.floors.pr
-            self._mb_cap = np.concatenate([self._mb_cap, [math.inf if pr.allows_two(s.stages) else 1.0 for s in new]])
         self._in_model = len(self.cols)
         return h
 
@@ -239,11 +234,10 @@ class _Master:
         return -h.getInfo().objective_function_value
 
     def _rates(self, t: float) -> np.ndarray:
-        """r_s(t) = 1 + (t − W − S)/U of every column in the model (⌊r⌋ with whole batches), at most
-        1 where its memory allows one micro-batch only (as the certificate counts it, docs §14)."""
+        """r_s(t) = 1 + (t − W − S)/U of every column in the model (⌊r⌋ with whole batches)."""
         S, W, U = self._swu
         with np.errstate(invalid="ignore"):  # W = inf: a column the cell excludes (never live)
-            r = np.minimum(micro_batches_within(t - W, S, U), self._mb_cap)
+            r = micro_batches_within(t - W, S, U)
         return np.floor(r + 1e-9) if self.whole else r
 
     def solve(self, t: float, slack_duals: bool = False) -> tuple[float, np.ndarray, float]:
@@ -409,8 +403,6 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
     return hi, lo
 
 
-ONE_BATCH_KAPPA = 1e-9  # κ ≤ this: shapes of one micro-batch may count (κ' = κ + 1 − 1e-9 of whole batches)
-ONE_BATCH_LAMBDAS = np.array([0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0])  # × the least U
 LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
 DP_CALLS = 400  # a certificate's DP calls before it stops unclosed (then doubled, up to DP_RAISE×)
 DP_RAISE = 8
@@ -461,9 +453,6 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
         # κ' = κ + 1 = (M − π·G)/pmax ≥ 0: μ cancels, so a counted master's free μ (< 0) is harmless here
         kappa = (M - A) / pmax - 1.0 + mu
-    # the boxes price shapes whose memory allows two micro-batches; the others run one, which lets the
-    # master reach M only where π·g + κ ≤ 0 (below: their own floor, :func:`one_batch_floor`)
-    one = kappa <= ONE_BATCH_KAPPA
     lo0 = pr.u_floor
     if top <= lo0:
         return top, [], True
@@ -540,7 +529,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             # shapes at or above the best one found (or top) need no label: the certificate is at most its value
             ubs = np.array([min(top, best_exact) - w_of(b) for b in group])
             vals, shapes, rx = pr.solve_whole(np.array([b[1] for b in group]), lows, np.array([b[3] for b in group]),
-                                              np.array([b[0] for b in group]), kp, ubs, pi, ex, two=True)
+                                              np.array([b[0] for b in group]), kp, ubs, pi, ex)
             relaxed = relaxed or rx
             for i, box in enumerate(group):
                 s = shapes[i]
@@ -567,7 +556,7 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
             # (each stage's own time, not only the box's floor: exact for a balanced shape)
             slopes = None if whole else np.tile(np.array(lams), len(group))
             vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
-                                    bs if J == 1 else np.repeat(bs, J), ex, lows, slopes, two=True)
+                                    bs if J == 1 else np.repeat(bs, J), ex, lows, slopes)
             vals = vals.reshape(len(group), J)
             for i, box in enumerate(group):
                 s = shapes[i * J + one]
@@ -655,23 +644,9 @@ def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int
     cert = heap[0][0] if heap else top
     if labels:  # the label boxes leave out shapes above the best one found, which bounds them all
         cert = min(cert, best_exact)
-    if one:
-        cert = min(cert, one_batch_floor(pr, pi, kappa, w0))
     logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
     good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
     return min(cert, top), list(good.values()), closed
-
-
-def one_batch_floor(pr: ShapePricer, pi: np.ndarray, kappa: float, w0: float) -> float:
-    """A lower bound on the least T at which a shape that runs one micro-batch (its memory allows no
-    more) lets the master reach M: it counts min(r, 1), so only where π·g + κ ≤ 0 (whole batches:
-    < ONE_BATCH_KAPPA), and then from T = S + W on. For every λ ≥ 0, S + W ≥ S + w0 + λ·(π·g + κ − ε)
-    on those shapes, so the least of S + λ·π·g over all shapes (the pricing DP at weight λ, one
-    micro-batch in flight) plus w0 + λ·(κ − ε) bounds it; the best of a grid of λ is taken (a
-    Lagrangian bound on the constraint π·g ≤ −κ)."""
-    lams = pr.u_floor * ONE_BATCH_LAMBDAS
-    vals, _ = pr.solve(np.full(len(lams), math.inf), lams, pi)
-    return float(np.max(vals + lams * (kappa - ONE_BATCH_KAPPA))) + w0
 
 
 def _entry_range(ex: StageExtras) -> tuple[float, float]:

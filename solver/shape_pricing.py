@@ -15,12 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from hexhelix.ir.plan import Plan
 
-from . import cost, shape_dp_jit, shape_labels_jit
+from . import shape_dp_jit, shape_labels_jit
 from .candidates import CostTables
 from .stage_floors import (
     NO_LOCALITY,
@@ -32,7 +31,7 @@ from .stage_floors import (
     w_of_maxima,
 )
 
-__all__ = ["Shape", "ShapePricer", "StageTimes", "micro_batches_within", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
+__all__ = ["Shape", "ShapePricer", "micro_batches_within", "pricer_for", "shape_from_stages", "shape_of_pipeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +53,6 @@ def micro_batches_within(t: float | np.ndarray, total: float | np.ndarray,
     """r = 1 + (t − S)/U for shapes of sum S and bottleneck U (scalars or arrays of columns): a
     pipeline's first micro-batch takes S, each further one U."""
     return 1.0 + (t - total) / bottleneck
-
-
-class StageTimes(NamedTuple):
-    """Tabulated stage times u[c, ℓ − 1] (middle and first stages also by the next stage's node),
-    inf beyond the memory cap of the in-flight count they were built for."""
-
-    mid: np.ndarray      # (C, L, N)
-    first: np.ndarray    # (C, L, N)
-    last: np.ndarray     # (C, L)
-    single: np.ndarray   # (C, L)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,31 +169,18 @@ class ShapePricer:
         comm = np.array([[tables.comm.get((o.node, b), math.inf) for b in range(self.N)] for o in opts])  # (C, N)
         ell = np.arange(1, L + 1, dtype=float)
 
-        def tables_at(m: int) -> StageTimes:
-            """Stage times, inf over the memory cap of a pipeline of m micro-batches with each
-            position at its fewest in flight (:func:`.cost.inflight_microbatches`; under 1F1B a middle
-            or first stage has ≥ 2 stages from it to the end, a last or single stage 1)."""
-            def cap(first: bool, last: bool) -> np.ndarray:
-                index, num = (0, 1) if first and last else (1, 2) if last else (0, 2) if first else (1, 3)
-                v = cost.inflight_microbatches(tables.problem.schedule, index, num, m)
-                return np.array([min(L, tables.max_layers(o.index, first, last, v)) for o in opts])
+        def cap(first: bool, last: bool) -> np.ndarray:
+            return np.array([min(L, tables.max_layers(o.index, first, last, 1)) for o in opts])
 
-            ok = ell[None, :] <= cap(False, False)[:, None]                              # (C, L)
-            mid = np.where(ok[:, :, None], tau[:, None, None] * ell[None, :, None] + comm[:, None, :], math.inf)
-            okf = ell[None, :] <= cap(True, False)[:, None]
-            first = np.where(okf[:, :, None], (tau[:, None] * ell[None, :] + emb[:, None])[:, :, None]
-                             + comm[:, None, :], math.inf)                               # (C, L, N)
-            okl = ell[None, :] <= cap(False, True)[:, None]
-            last = np.where(okl, tau[:, None] * ell[None, :] + head[:, None], math.inf)    # (C, L)
-            oks = ell[None, :] <= cap(True, True)[:, None]
-            single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
-            return StageTimes(mid, first, last, single)
-
-        # one micro-batch in flight on every stage: the most lenient count, met by every pipeline
-        self.lenient = tables_at(1)
-        self.u_mid, self.u_first, self.u_last, self.u_single = self.lenient
-        # pipelines of ≥ 2 micro-batches (``two``: the certificate's shapes when κ' > 1, docs §14)
-        self.two = tables_at(2) if tables.micro_batches >= 2 else self.lenient
+        ok = ell[None, :] <= cap(False, False)[:, None]                                  # (C, L)
+        self.u_mid = np.where(ok[:, :, None], tau[:, None, None] * ell[None, :, None] + comm[:, None, :], math.inf)
+        okf = ell[None, :] <= cap(True, False)[:, None]
+        self.u_first = np.where(okf[:, :, None], (tau[:, None] * ell[None, :] + emb[:, None])[:, :, None]
+                                + comm[:, None, :], math.inf)                            # (C, L, N)
+        okl = ell[None, :] <= cap(False, True)[:, None]
+        self.u_last = np.where(okl, tau[:, None] * ell[None, :] + head[:, None], math.inf)  # (C, L)
+        oks = ell[None, :] <= cap(True, True)[:, None]
+        self.u_single = np.where(oks, tau[:, None] * ell[None, :] + emb[:, None] + head[:, None], math.inf)
         self._states: dict[tuple[tuple[int, ...], tuple[int, ...]], _States] = {}
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # :meth:`shape` by stage list
         self._full: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (full, full_fresh) by states and room
@@ -220,8 +196,7 @@ class ShapePricer:
 
     def solve(self, caps: np.ndarray, weights: np.ndarray, pi: np.ndarray,
               wcaps: np.ndarray | None = None, extras: StageExtras | None = None,
-              lows: np.ndarray | None = None, slopes: np.ndarray | None = None,
-              two: bool = False) -> tuple[np.ndarray, list]:
+              lows: np.ndarray | None = None, slopes: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """For each k: min over shapes with every u ≤ caps[k] (and every run of consecutive stages on
         one node within its GPUs; with ``extras``, every stage's w ≤ wcaps[k]) of S + weights[k]·π·g;
         the values (inf when no shape fits) and the argmin shapes (None when infeasible). ``slopes``:
@@ -231,17 +206,14 @@ class ShapePricer:
         only; the numpy oracle ignores the floor, which relaxes the minimum (still a lower bound). States:
         (node of the next stage, GPUs its run uses, which of the nodes ``extras.visit`` requires of
         every shape the stages from there on use: only shapes using all of them, within their room,
-        are admitted — :func:`.stage_floors.fits_visits`). ``two``: only shapes whose memory allows
-        two micro-batches (:attr:`two`; else one, :attr:`lenient`)."""
+        are admitted — :func:`.stage_floors.fits_visits`)."""
         st, full, full_fresh = self._prepared(extras)
-        # a cap of inf admits every stage that fits its memory: inf over the cap marks those that do not
-        caps = np.minimum(np.asarray(caps, dtype=float), np.finfo(float).max)
+        caps = np.asarray(caps, dtype=float)
         weights = np.asarray(weights, dtype=float)
         slopes = np.zeros(len(caps)) if slopes is None else np.asarray(slopes, dtype=float)
-        u = self.two if two else self.lenient
         if self.engine == "jit":
-            return self._solve_jit(st, caps, weights, slopes, pi, wcaps, extras, full, full_fresh, lows, u)
-        return self._solve_numpy(st, caps, weights, slopes, pi, wcaps, extras, full, u)
+            return self._solve_jit(st, caps, weights, slopes, pi, wcaps, extras, full, full_fresh, lows)
+        return self._solve_numpy(st, caps, weights, slopes, pi, wcaps, extras, full)
 
     def _prepared(self, extras: StageExtras | None) -> tuple[_States, np.ndarray, np.ndarray]:
         """The states of ``extras``' required nodes and the runs that leave no room for the other
@@ -269,12 +241,12 @@ class ShapePricer:
 
     def solve_whole(self, caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray | None, scale: np.ndarray,
                     kp: float, ubs: np.ndarray, pi: np.ndarray, extras: StageExtras | None = None,
-                    cap_labels: int = 32, two: bool = False) -> tuple[np.ndarray, list, bool]:
+                    cap_labels: int = 32) -> tuple[np.ndarray, list, bool]:
         """For each box k: min over shapes with lows[k] < U ≤ caps[k] (every w ≤ wcaps[k]) of
         S + scale[k]·max(0, ⌊π·g + kp⌋) — exact, by Pareto labels of (S, π·g)
         (:mod:`.shape_labels_jit`), among the shapes whose value is below ubs[k] (inf: none is). Returns
         the values, the argmin shapes and whether a label front overflowed ``cap_labels`` (then the
-        values are lower bounds, still valid). ``two`` as in :meth:`solve`. Compiled engine only."""
+        values are lower bounds, still valid). Compiled engine only."""
         if not shape_labels_jit.AVAILABLE:
             raise RuntimeError("exact whole-batch pricing needs numba")
         st, full, full_fresh = self._prepared(extras)
@@ -284,12 +256,12 @@ class ShapePricer:
             np.asarray(caps, dtype=float), np.asarray(lows, dtype=float), wk, np.asarray(scale, dtype=float),
             float(kp), np.asarray(ubs, dtype=float), self.prefix_floor, np.asarray(pi, dtype=float)[self.node] * self.tp,
             int(cap_labels),
-            *self._compiled_tables(st, full, full_fresh, extras, self.two if two else self.lenient))
+            *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts), bool(relaxed)
 
     def _solve_jit(self, st: _States, caps: np.ndarray, weights: np.ndarray, slopes: np.ndarray, pi: np.ndarray,
                    wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
-                   full_fresh: np.ndarray, lows: np.ndarray | None, u: StageTimes) -> tuple[np.ndarray, list]:
+                   full_fresh: np.ndarray, lows: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """:meth:`solve` by the compiled loops of :mod:`.shape_dp_jit`."""
         K = len(caps)
         has_low = lows is not None and bool(np.any(np.asarray(lows) > -math.inf))
@@ -297,15 +269,15 @@ class ShapePricer:
         wk = np.full(K, math.inf) if wcaps is None or extras is None else np.asarray(wcaps, dtype=float)
         vals, rows, counts = shape_dp_jit.solve_batch(
             caps, lk, weights, slopes, wk, np.asarray(pi, dtype=float)[self.node] * self.tp,
-            *self._compiled_tables(st, full, full_fresh, extras, u))
+            *self._compiled_tables(st, full, full_fresh, extras))
         return vals, self._argmins(vals, rows, counts)
 
     def _compiled_tables(self, st: _States, full: np.ndarray, full_fresh: np.ndarray,
-                         extras: StageExtras | None, u: StageTimes) -> tuple:
+                         extras: StageExtras | None) -> tuple:
         """The arguments both compiled DPs (:mod:`.shape_dp_jit`, :mod:`.shape_labels_jit`) end with:
-        stage times ``u``, states, room flags, required-node mask and the floor tables."""
+        stage times, states, room flags, required-node mask and the floor tables."""
         ex = extras if extras is not None else self._no_extras
-        return (*u, self.node,
+        return (self.u_mid, self.u_first, self.u_last, self.u_single, self.node,
                 st.snode, st.smask, st.ns, st.fresh_to, st.last_state, st.single_ok, full, full_fresh,
                 (1 << len(extras.visit if extras is not None else ())) - 1, extras is not None,
                 ex.mid, ex.mid_full, ex.first, ex.first_full, ex.last, ex.single)
@@ -317,11 +289,8 @@ class ShapePricer:
                 for k in range(len(vals))]
 
     def _solve_numpy(self, st: _States, caps: np.ndarray, weights: np.ndarray, slopes: np.ndarray, pi: np.ndarray,
-                     wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray,
-                     u: StageTimes) -> tuple[np.ndarray, list]:
+                     wcaps: np.ndarray | None, extras: StageExtras | None, full: np.ndarray) -> tuple[np.ndarray, list]:
         """:meth:`solve` vectorised over the caps (the oracle of the compiled form)."""
-        u_mid_s, u_first_s = ((st.u_mid_s, st.u_first_s) if u is self.lenient else
-                              (u.mid[:, :, st.snode], u.first[:, :, st.snode]))
         K, L, C, S, Mk = len(caps), self.L, self.C, st.S, st.masks
         inf = math.inf
         if extras is None:
@@ -350,7 +319,7 @@ class ShapePricer:
         capk = caps[:, None, None, None]
         for j in range(L - 1, 0, -1):
             span = L - j
-            ul = u.last[:, span - 1]
+            ul = self.u_last[:, span - 1]
             okl = (ul[None, :] <= caps[:, None]) & wok(extras.last[:, j, span - 1] if extras else None)
             lv = np.where(okl, ul[None, :] + pen(ul), inf)                               # (K, C)
             lm = np.where(st.last_into[None], lv[:, None, :], inf)                     # (K, S, C)
@@ -359,7 +328,7 @@ class ShapePricer:
             code = C * S + lc
             lsel = None
             if span > 1:
-                um = u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
+                um = st.u_mid_s[:, : span - 1, :]                                       # (C, ℓ, S)
                 nxt = G[j + 1: L].transpose(1, 0, 2)                                     # (K, ℓ, S)
                 okm = (um[None] <= capk) & wrun(extras.mid, extras.mid_full, j, span - 1) if extras else um[None] <= capk
                 val = np.where(okm, um[None] + nxt[:, None] + pen(um), inf)              # (K, C, ℓ, S)
@@ -388,12 +357,12 @@ class ShapePricer:
                 code = np.where(better, mi, code)
             G[j] = new
             back[j] = (code, lsel)
-        us = u.single[:, L - 1]
+        us = self.u_single[:, L - 1]
         oks = (us[None, :] <= caps[:, None]) & wok(extras.single[:, 0, L - 1] if extras else None) & st.single_ok[None]
         best = np.where(oks, us[None, :] + pen(us), inf)                                # (K, C)
         choice = np.full((K, C), -1, dtype=np.int64)
         if L > 1:
-            uf = u_first_s[:, : L - 1, :]
+            uf = st.u_first_s[:, : L - 1, :]
             nxt = G[1:L].transpose(1, 0, 2)
             okf = (uf[None] <= capk) & st.first_ok[None, :, None, :]
             if extras is not None:
@@ -442,27 +411,20 @@ class ShapePricer:
             hit = self._shapes[key] = self._new_shape(key)
         return hit
 
-    def allows_two(self, stages: Sequence[tuple[int, int]]) -> bool:
-        """Every stage fits its memory with what a pipeline of two micro-batches holds in flight there
-        (the :attr:`two` tables; a shape that does not runs one micro-batch at most)."""
-        return all(math.isfinite(u) for u in self.stage_times(stages, self.two))
-
-    def stage_times(self, stages: Sequence[tuple[int, int]], tables: StageTimes | None = None) -> list[float]:
-        """u of each stage of an ordered stage list (its position's piece, the send to the next node),
-        inf over the memory cap of ``tables`` (default :attr:`lenient`)."""
-        t = self.lenient if tables is None else tables
+    def stage_times(self, stages: Sequence[tuple[int, int]]) -> list[float]:
+        """u of each stage of an ordered stage list (its position's piece, the send to the next node)."""
         K = len(stages)
         u = []
         for k, (c, ell) in enumerate(stages):
             nxt = self.node[stages[k + 1][0]] if k + 1 < K else None
             if K == 1:
-                u.append(float(t.single[c, ell - 1]))
+                u.append(float(self.u_single[c, ell - 1]))
             elif k == 0:
-                u.append(float(t.first[c, ell - 1, nxt]))
+                u.append(float(self.u_first[c, ell - 1, nxt]))
             elif nxt is None:
-                u.append(float(t.last[c, ell - 1]))
+                u.append(float(self.u_last[c, ell - 1]))
             else:
-                u.append(float(t.mid[c, ell - 1, nxt]))
+                u.append(float(self.u_mid[c, ell - 1, nxt]))
         return u
 
     def _new_shape(self, stages: tuple[tuple[int, int], ...]) -> Shape:

@@ -15,7 +15,7 @@ import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
-from hexhelix.solver import cost, fluid_bound, fluid_branch, shape_dp_jit
+from hexhelix.solver import fluid_bound, fluid_branch, shape_dp_jit
 from hexhelix.solver.bruteforce import enumerate_plans
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
@@ -26,7 +26,6 @@ from hexhelix.solver.fluid_bound import (
     _master_root,
     certificate,
     fluid_lower_bound,
-    one_batch_floor,
     optimizer_lower_bound,
     shape_from_stages,
     sync_lower_bound,
@@ -213,30 +212,6 @@ def _all_shapes(tables, L: int) -> list:
     return out
 
 
-def _fits_two(tables, s) -> bool:
-    """The shape's memory allows two micro-batches: every stage fits what a pipeline of two holds in
-    flight there (1F1B: two on all but the last stage; GPipe: two on every stage)."""
-    K = len(s.stages)
-    return all(ell <= tables.max_layers(c, k == 0, k == K - 1,
-                                        cost.inflight_microbatches(tables.problem.schedule, k, K, 2))
-               for k, (c, ell) in enumerate(s.stages))
-
-
-def _certificate_target(tables, shapes, W, pi, kappa: float, term) -> tuple[float, float]:
-    """(most, least): a certificate at multipliers (π, κ) is never above ``most`` and, closed, reaches
-    ``least`` (docs §14). Shapes whose memory allows two micro-batches count from S + W + U·term(π·g)
-    on; the others run one micro-batch, which counts only where π·g + κ ≤ 0 (from S + W on) and only
-    while κ ≤ 0 — the certificate prices those by a Lagrangian floor (:func:`one_batch_floor`)."""
-    two = min((s.total + W[s.stages] + s.bottleneck * term(pi @ np.array(s.gpus)) for s in shapes
-               if _fits_two(tables, s)), default=math.inf)
-    if kappa > fluid_bound.ONE_BATCH_KAPPA:
-        return two, two
-    one = min((s.total + W[s.stages] for s in shapes
-               if not _fits_two(tables, s) and pi @ np.array(s.gpus) + kappa < fluid_bound.ONE_BATCH_KAPPA),
-              default=math.inf)
-    return min(two, one), min(two, one_batch_floor(pricer_for(tables), pi, kappa, 0.0))
-
-
 @pytest.mark.parametrize("seed", [1, 2, 5])
 def test_column_generation_ends_without_improving_column(seed: int) -> None:
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=5.0 + seed, layers=3)
@@ -249,9 +224,8 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     T = fr.upper_s
     pr = pricer_for(tables)
     W = {s.stages: pr.stage_w(s.stages, pr.extras(1)) for s in shapes}  # one replica: optimizer floors only
-    # (the pricing offers shapes whose memory allows two micro-batches: the one-batch ones cannot count at κ > 0)
     rc = [s.micro_batches_within(T - W[s.stages]) - pi @ np.array(s.gpus) - mu for s in shapes
-          if s.total + W[s.stages] <= T and _fits_two(tables, s)]
+          if s.total + W[s.stages] <= T]
     min_u = min(s.bottleneck for s in shapes)
     assert max(rc) <= 1e-4 * T / min_u + 1e-6
     # the branch-and-bound pricing equals the enumeration's minimum of S + U·(π·g + κ) (within its tolerance)
@@ -262,9 +236,9 @@ def test_column_generation_ends_without_improving_column(seed: int) -> None:
     if A >= M * (1 - 1e-9):
         pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
     kappa = (M - A) / P - 1 + mu
-    most, least = _certificate_target(tables, shapes, W, pi, kappa, lambda g: max(0.0, g + kappa))
-    assert cert <= most * (1 + 1e-9) + 1e-12
-    assert cert >= least - 1e-4 * abs(least)
+    true = min(s.total + W[s.stages] + s.bottleneck * (pi @ np.array(s.gpus) + kappa) for s in shapes)
+    assert cert <= true * (1 + 1e-9) + 1e-12
+    assert cert >= true - 1e-4 * abs(true)
 
 
 def _runs_fit(tables, s) -> bool:
@@ -346,54 +320,6 @@ def test_pricing_with_a_floor_on_the_bottleneck_equals_the_enumeration_of_shapes
                 assert lo < found[k].bottleneck <= hi
             else:
                 assert found[k] is None
-
-
-@pytest.mark.parametrize("engine", ["numpy", "jit"] if shape_dp_jit.AVAILABLE else ["numpy"])
-@pytest.mark.parametrize("seed", [0, 13, 20, 37])
-def test_pricing_for_two_micro_batches_admits_exactly_the_shapes_whose_memory_allows_two(engine: str, seed: int) -> None:
-    """Memory grows with the micro-batches a stage holds in flight (1F1B: up to one per later stage;
-    GPipe: all of them). With ``two`` the DP's minimum of S + π·g under a cap on every stage time
-    equals the minimum over the enumerated shapes that fit two micro-batches (1F1B and GPipe
-    instances where some shape fits only one), and its argmin is one of them; without, over all."""
-    rng = np.random.default_rng(seed)
-    pb = random_instance(seed)
-    tables = build_tables(pb)
-    pr = ShapePricer(tables, engine=engine)
-    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
-    two = [s for s in shapes if _fits_two(tables, s)]
-    assert 0 < len(two) < len(shapes)
-    us = [s.bottleneck for s in shapes]
-    for pi, cap in itertools.product((np.zeros(len(pb.cluster.nodes)), rng.uniform(0.0, 0.05, len(pb.cluster.nodes))),
-                                     (math.inf, *np.quantile(us, [0.25, 0.5, 0.75]))):
-        for allowed, flag in ((two, True), (shapes, False)):
-            vals, found = pr.solve(np.array([cap]), np.array([1.0]), pi, two=flag)
-            true = min((s.total + pi @ np.array(s.gpus) for s in allowed if s.bottleneck <= cap), default=math.inf)
-            assert vals[0] == pytest.approx(true, rel=1e-9, abs=1e-12), (flag, cap)
-            if math.isfinite(true):
-                assert found[0].stages in {s.stages for s in allowed}
-
-
-@pytest.mark.parametrize("seed", [0, 13, 20])
-def test_the_one_micro_batch_floor_stays_below_the_shapes_it_stands_for(seed: int) -> None:
-    """A shape that runs one micro-batch lets the fluid master reach M only where π·g + κ ≤ 0, from
-    S + W on: the floor (a Lagrangian bound over λ·(π·g + κ)) is never above the least S of such
-    shapes, equals the least S of all shapes when π = 0 and κ = 0, and is above every shape's S when
-    κ is so low that no shape qualifies."""
-    rng = np.random.default_rng(seed)
-    pb = random_instance(seed)
-    tables = build_tables(pb)
-    pr = pricer_for(tables)
-    shapes = [s for s in _all_shapes(tables, pb.model.layers) if _runs_fit(tables, s)]
-    N = len(pb.cluster.nodes)
-    assert one_batch_floor(pr, np.zeros(N), 0.0, 0.0) == pytest.approx(min(s.total for s in shapes), rel=1e-9)
-    for _ in range(12):
-        pi = rng.uniform(0.0, 2.0, N)
-        kappa = -float(rng.uniform(0.0, 4.0))
-        floor = one_batch_floor(pr, pi, kappa, 0.25)
-        least = min((s.total for s in shapes if pi @ np.array(s.gpus) + kappa <= 0), default=math.inf)
-        assert floor <= least + 0.25 + 1e-9
-    pi = np.ones(N)
-    assert one_batch_floor(pr, pi, -0.5, 0.0) > max(s.total for s in shapes)  # every shape uses a GPU: π·g ≥ 1
 
 
 @pytest.mark.parametrize("engine", ["numpy", "jit"] if shape_dp_jit.AVAILABLE else ["numpy"])
@@ -580,11 +506,11 @@ def test_whole_batch_certificate_equals_the_enumerated_minimum(seed: int, exact_
         if A >= M * (1 - 1e-9):
             pi, mu, A = pi * M * (1 - 1e-9) / A, mu * M * (1 - 1e-9) / A, M * (1 - 1e-9)
         kp = (M - A) / P + mu - 1e-9
-        most, least = _certificate_target(tables, shapes, W, pi, kp - 1 + 1e-9,
-                                          lambda g, kp=kp: max(0, math.floor(g + kp)))
-        assert cert <= most * (1 + 1e-9) + 1e-12
+        true = min(s.total + W[s.stages] + s.bottleneck * max(0, math.floor(pi @ np.array(s.gpus) + kp))
+                   for s in shapes)
+        assert cert <= true * (1 + 1e-9) + 1e-12
         if closed:
-            assert cert >= least - 1e-4 * abs(least)
+            assert cert >= true - 1e-4 * abs(true)
 
 
 @pytest.mark.parametrize("mode", ["fractional", "labels", "lagrangian"])
@@ -613,13 +539,13 @@ def test_a_least_pipeline_count_lets_the_certificate_constant_fall_below_zero(se
         kp = (M - g) / (pmin if g >= M * (1 - 1e-9) else P)
         checked += kp < 0
         if mode == "fractional":
-            most, least = _certificate_target(tables, shapes, W, pi, kp - 1, lambda g, kp=kp: max(0.0, g + kp - 1))
+            true = min(s.total + W[s.stages] + s.bottleneck * max(0.0, pi @ np.array(s.gpus) + kp - 1) for s in shapes)
         else:
-            most, least = _certificate_target(tables, shapes, W, pi, kp - 1,
-                                              lambda g, kp=kp: max(0, math.floor(g + kp - 1e-9)))
-        assert cert <= most * (1 + 1e-9) + 1e-12
+            true = min(s.total + W[s.stages] + s.bottleneck * max(0, math.floor(pi @ np.array(s.gpus) + kp - 1e-9))
+                       for s in shapes)
+        assert cert <= true * (1 + 1e-9) + 1e-12
         if closed:
-            assert cert >= least - 1e-4 * abs(least)
+            assert cert >= true - 1e-4 * abs(true)
     assert checked >= 1
 
 

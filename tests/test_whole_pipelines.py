@@ -12,8 +12,6 @@ import pytest
 from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.fluid_bound import (
     _Floors,
-    _Master,
-    _master_root,
     fluid_lower_bound,
     optimizer_lower_bound,
     sync_lower_bound,
@@ -44,17 +42,6 @@ def _brute_force(tables, shapes, P: int, rest: float) -> float:
     return best
 
 
-def _fractional_root(tables, shapes, P: int, rest: float) -> float:
-    """The least t at which the fluid master over ``shapes`` (exactly P pipelines, fractional) runs
-    the global batch."""
-    M = tables.micro_batches
-    master = _Master([n.count for n in tables.problem.cluster.nodes], P, _Floors(tables, P, rest), pmin=P,
-                     penalty=float(M))
-    for s in shapes:
-        master.add(s)
-    return _master_root(master, M, 0.0, 1.0)[0]  # (tiny instances: well under a second)
-
-
 def _root(pb, P: int, heur=None):
     tables = build_tables(pb)
     heur = heur if heur is not None else solve(pb, "hexiscale")
@@ -76,9 +63,7 @@ def test_whole_pipelines_equal_a_brute_force_over_the_same_columns(seed: int, P:
     want = _brute_force(tables, fr.shapes, P, rest)
     assert math.isfinite(want)
     assert whole_pipeline_time(tables, fr.shapes, P, rest) == pytest.approx(want, rel=1e-5)
-    # whole copies never beat fractional ones over the same columns (the run's own estimate may sit
-    # higher: its certificate also knows which shapes' memory allows only one micro-batch, docs §14)
-    assert want >= _fractional_root(tables, fr.shapes, P, rest) * (1 - 1e-6)
+    assert want >= fr.upper_s * (1 - 1e-6)  # whole copies never beat fractional ones over the same columns
 
 
 def test_no_choice_of_whole_pipelines_that_fits_the_nodes_is_inf() -> None:
