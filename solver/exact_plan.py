@@ -29,6 +29,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
 from .candidates import CostTables, build_tables, memory_shortfall
+from .depth_bound import depth_lower_bounds, memory_depends_on_depth
 from .evaluate import Evaluation, evaluate
 from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
@@ -49,6 +50,7 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 # gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both; 2 % against 5 %
 # (2026-12-02, hexiscale-het2, two 120 s cpsat solves each): bound 7.5080/7.5095 -> 7.5098/7.5156 s
 EXACT_SHARE_SPLIT = 0.02
+DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
@@ -152,6 +154,14 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
             if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
                 best = (out.plan, ev)
 
+    depth: dict[int, float] = {}  # per P, the bound with memory at depth (docs §16), where memory depends on it
+    if opts.get("depth_bound", True) and best is not None and memory_depends_on_depth(tables):
+        depth = depth_lower_bounds(tables, pmax, best[1].iteration_time_s, deadline=time.monotonic() + float(
+            opts.get("depth_share", DEPTH_SHARE)) * max(0.0, deadline - time.monotonic()))
+        params["depth_bound_s"] = min(depth.values()) if len(depth) == pmax else None
+    # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
+    settled = frozenset(P for P, b in depth.items() if best is not None
+                        and b >= best[1].iteration_time_s * (1 - float(opts.get("gap_tol", 1e-6))))
     parallel = opts.get("fluid_parallel")
     parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
     split = parallel and bool(opts.get("fluid_split", problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
@@ -159,15 +169,16 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
     job: FluidJob | None = None
     # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
-    mine, theirs = frozenset(range(1, pmax + 1, 2)), frozenset(range(2, pmax + 1, 2))
+    mine, theirs = frozenset(range(1, pmax + 1, 2)) - settled, frozenset(range(2, pmax + 1, 2)) - settled
     if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
         if parallel:  # on a second core, for the whole time limit, while the exact models run here
             solve_deadline = deadline - FLUID_COLLECT_S
             job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
-                              only=theirs if split else None)
+                              only=theirs if split else (mine | theirs) if settled else None)
         else:
             take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
-                opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic())))
+                opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()),
+                only=(mine | theirs) if settled else None))
     split = split and job is not None  # no fluid search (option, or no incumbent): nothing to split
     params["fluid_split"] = split
     models_deadline = time.monotonic() + float(opts.get("exact_share", EXACT_SHARE_SPLIT)) * max(
@@ -190,7 +201,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
 
     def settle_fluid() -> None:
         """Fluid bounds into the per-P bounds; a P whose bound reaches the incumbent cannot improve on it."""
-        for P, fb in fluid.items():
+        for P in set(fluid) | set(depth):
+            fb = max(fluid.get(P, 0.0), depth.get(P, 0.0))
             bounds[P] = max(bounds.get(P, rate), fb)
             if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
                 proven[P] = True
@@ -206,7 +218,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     settle_fluid()
     if p_values:  # the incumbent's P, then the most promising by fluid bound
         head = p_values[0]
-        p_values.sort(key=lambda P: (P != head, fluid.get(P, 0.0)))
+        p_values.sort(key=lambda P: (P != head, max(fluid.get(P, 0.0), depth.get(P, 0.0))))
     logs: list[str] = []
     iterations = 0
     models: dict[int, Any] = {}
@@ -240,7 +252,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
                     if size > max_rows:  # too big to build: bound stays the rate bound
                         too_big[P] = size
-                        bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
+                        bounds[P], proven[P] = max(rate, fluid.get(P, 0.0), depth.get(P, 0.0)), False
                         skipped.add(P)
                         continue
                     models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
@@ -250,7 +262,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                         to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
                         models_exported = True
                     seen[P] = set()
-                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0)), False
+                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0), depth.get(P, 0.0)), False
                 elif ub is not None:
                     models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
                 pm = models[P]
@@ -313,7 +325,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         take_fluid(job.collect())
         settle_fluid()
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
-    lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
+    lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
                    "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
                    "ticks_per_second": scale})
