@@ -178,8 +178,10 @@ def reading(limit: float, baselines: bool = True, goal: bool = True) -> str:
                            f"up to 64 GPUs) is {verdict}. " if goal else
                            "The issue's goal (proven gap <= 2 % within 120 s on 2 cores, every example cluster up to "
                            "64 GPUs) is measured by `python benchmarks/planner.py --goal` (its own section). ") +
-            ("Without full recompute most of it is memory: a stage holds up to one micro-batch in flight per "
-             "later stage, which the fluid bound counts as one (docs/formulation.md §13). "
+            ("Without full recompute a stage holds up to one micro-batch in flight per later stage, which the "
+             "fluid bound counts as one; the depth bound of solver/depth_bound.py (§16: memory at each stage's "
+             "depth, no sync floors nor locality) takes the first 25 % of each solve and its per-P bounds join "
+             "the fluid bound's. "
              if RECOMPUTE != "full" else "") +
             "The remaining gap comes from the fluid relaxation (fractional "
             "pipelines; whole micro-batches only through a Lagrangian bound over π·g, §14; lenient memory), "

@@ -301,34 +301,38 @@ def _refine(edges: np.ndarray, per_box: np.ndarray, cut: float) -> np.ndarray:
     return np.array(out)
 
 
-def depth_pipeline_bound(dt: DepthTables, P: int, upper: float, *, deadline: float,
-                         rel_tol: float = 2e-3, max_rounds: int = 200) -> float:
-    """Seconds: a valid lower bound on the slowest pipeline of every plan with P pipelines (0 when
-    nothing could be certified in time); ``upper`` only brackets the search. Column generation at
-    the master's root; each round certifies just below it (``rel_tol``, widened when the pricing
-    cannot close)."""
-    M = dt.tables.micro_batches
-    pricer = _Pricer(dt, M)
-    master = _DepthMaster(dt.gpus, P)
-    proven = 0.0
-    edges = _edges(pricer.u_lo, max(upper, pricer.u_lo * 1.01), BOX_RATIO)
-    eps = rel_tol
-    certify = False  # the multipliers only once λ = 1 prices no new column
-    at_upper = True  # until upper itself fails to certify with every multiplier
-    stalls = 0  # rounds since the last new column that neither certified nor found one
-    for _ in range(max_rounds):
-        if time.monotonic() > deadline:
-            break
-        root = _root(master, M, proven, upper) if master.cols else upper
-        if at_upper and root >= upper * (1 - 1e-9) and master.solve(upper)[0] < M * (1 - 1e-9):
+class DepthRun:
+    """The depth bound of one P, resumable round by round (:meth:`step`): column generation at the
+    master's root, each round certifying just below it (``rel_tol``, widened when the pricing
+    cannot close); ``proven`` is a valid lower bound on the slowest pipeline of every plan with P
+    pipelines (0 until a certificate), ``upper`` only brackets the search."""
+
+    def __init__(self, dt: DepthTables, P: int, upper: float, pricer: _Pricer, rel_tol: float = 2e-3) -> None:
+        self.dt, self.P, self.upper, self.pricer, self.rel_tol = dt, P, upper, pricer, rel_tol
+        self.M = dt.tables.micro_batches
+        self.master = _DepthMaster(dt.gpus, P)
+        self.proven = 0.0
+        self.done = False
+        self.edges = _edges(pricer.u_lo, max(upper, pricer.u_lo * 1.01), BOX_RATIO)
+        self.eps = rel_tol
+        self.certify = False  # the multipliers only once λ = 1 prices no new column
+        self.at_upper = True  # until upper itself fails to certify with every multiplier
+        self.stalls = 0  # rounds since the last new column that neither certified nor found one
+
+    def step(self) -> None:
+        """One round: price at the master's duals, certify or add columns or refine."""
+        M, upper, dt = self.M, self.upper, self.dt
+        master = self.master
+        root = _root(master, M, self.proven, upper) if master.cols else upper
+        if self.at_upper and root >= upper * (1 - 1e-9) and master.solve(upper)[0] < M * (1 - 1e-9):
             t = upper  # the columns so far cannot reach M within upper: try to certify upper itself
         else:
-            t = max(proven, root * (1 - eps))
+            t = max(self.proven, root * (1 - self.eps))
         _, pi, mu0 = master.solve(t)
-        need = (M * (1 - 1e-9) - float(pi @ dt.gpus)) / P
-        mu, found, per_box = pricer.price(t, pi, edges, need, certify)
+        need = (M * (1 - 1e-9) - float(pi @ dt.gpus)) / self.P
+        mu, found, per_box = self.pricer.price(t, pi, self.edges, need, self.certify)
         if mu < need:
-            proven = max(proven, t)
+            self.proven = max(self.proven, min(t, upper))
         added = 0
         for stages in set(found):  # the argmins the master would take (positive reduced value)
             col = _column(dt, stages, M)
@@ -336,25 +340,38 @@ def depth_pipeline_bound(dt: DepthTables, P: int, upper: float, *, deadline: flo
                     - float(col.g @ pi) - mu0 > 1e-9 and master.add(col):
                 added += 1
         if added:
-            certify, stalls = False, 0
-            continue
-        if not certify and mu >= need:  # the same t again, with the multipliers
-            certify = True
-            continue
+            self.certify, self.stalls = False, 0
+            return
+        if not self.certify and mu >= need:  # the same t again, with the multipliers
+            self.certify = True
+            return
         if mu < need:  # certified with no new column: done unless the root is still above it
-            if t >= upper * (1 - 1e-9) or proven >= root * (1 - 2 * rel_tol):
-                break
-            eps = max(rel_tol, eps / 2)
-            continue
-        stalls += 1
-        if stalls > MAX_STALLS:
-            break
+            if t >= upper * (1 - 1e-9) or self.proven >= root * (1 - 2 * self.rel_tol):
+                self.done = True
+            self.eps = max(self.rel_tol, self.eps / 2)
+            return
+        self.stalls += 1
+        if self.stalls > MAX_STALLS:
+            self.done = True
         if t >= upper * (1 - 1e-9):
-            at_upper = False
-        if len(edges) < 4 * MAX_BOXES:  # no new column, not certified: finer boxes, then a wider margin
-            edges = _refine(edges, per_box, need)
-        eps = min(0.1, eps * 2)
-    return min(proven, upper)
+            self.at_upper = False
+        if len(self.edges) < 4 * MAX_BOXES:  # no new column, not certified: finer boxes, then a wider margin
+            self.edges = _refine(self.edges, per_box, need)
+        self.eps = min(0.1, self.eps * 2)
+
+
+def depth_pipeline_bound(dt: DepthTables, P: int, upper: float, *, deadline: float, rel_tol: float = 2e-3,
+                         max_rounds: int = 200, keep: list | None = None) -> float:
+    """Seconds: a valid lower bound on the slowest pipeline of every plan with P pipelines (0 when
+    nothing could be certified in time), by :class:`DepthRun` until it is done or ``deadline``."""
+    run = DepthRun(dt, P, upper, _Pricer(dt, dt.tables.micro_batches), rel_tol)
+    if keep is not None:  # the caller inspects the master (scratch measurements)
+        keep.append(run.master)
+    for _ in range(max_rounds):
+        if run.done or time.monotonic() > deadline:
+            break
+        run.step()
+    return run.proven
 
 
 MAX_BOXES = 2000  # refinement stops at four times this many boxes of U
@@ -378,19 +395,24 @@ def _root(master: _DepthMaster, M: int, lo: float, hi: float) -> float:
 
 
 def depth_lower_bounds(tables: CostTables, pmax: int, upper_s: float, *, deadline: float,
-                       only: frozenset[int] | None = None) -> dict[int, float]:
+                       only: frozenset[int] | None = None, max_rounds: int = 200) -> dict[int, float]:
     """Per pipeline count P: a valid lower bound on the iteration time of every plan with P
-    pipelines (the depth bound plus the sync and optimizer floors), for the P that time allowed."""
+    pipelines (the depth bound plus the sync and optimizer floors), each P as far as time allowed.
+    Best first: each round goes to the unfinished P of least bound so far (the least over P is
+    the planner's bound), ties to the fewer pipelines."""
     dt = depth_tables(tables)
-    out: dict[int, float] = {}
-    # the most pipelines first: they are proven at the incumbent in a few rounds, leaving their
-    # share of the time to the fewest, whose long shapes take the most rounds
-    ps = [P for P in range(pmax, 0, -1) if only is None or P in only]
-    for i, P in enumerate(ps):
-        now = time.monotonic()
-        if now >= deadline:
+    pricer = _Pricer(dt, tables.micro_batches)
+    runs: dict[int, tuple[float, DepthRun]] = {}
+    for P in range(1, pmax + 1):
+        if only is None or P in only:
+            rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+            runs[P] = (rest, DepthRun(dt, P, max(upper_s - rest, 1e-6), pricer))
+    rounds = {P: 0 for P in runs}
+    while time.monotonic() < deadline:
+        live = [P for P, (_, run) in runs.items() if not run.done and rounds[P] < max_rounds]
+        if not live:
             break
-        rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
-        share = now + (deadline - now) / (len(ps) - i)
-        out[P] = rest + depth_pipeline_bound(dt, P, max(upper_s - rest, 1e-6), deadline=share)
-    return out
+        P = min(live, key=lambda q: (runs[q][0] + runs[q][1].proven, q))
+        runs[P][1].step()
+        rounds[P] += 1
+    return {P: rest + run.proven for P, (rest, run) in runs.items()}
