@@ -375,7 +375,8 @@ def depth_pipeline_bound(dt: DepthTables, P: int, upper: float, *, deadline: flo
 
 
 MAX_BOXES = 2000  # refinement stops at four times this many boxes of U
-MAX_STALLS = 10  # rounds without a new column nor a certificate before a P gives up
+MAX_STALLS = 4  # rounds without a new column nor a certificate before a P gives up (on het1-3 none past
+# the third raised a bound; each refines the boxes, so rounds grow ~2x: small-mixed's P = 1 hit 18 s at the tenth)
 
 
 def _root(master: _DepthMaster, M: int, lo: float, hi: float) -> float:
@@ -408,11 +409,14 @@ def depth_lower_bounds(tables: CostTables, pmax: int, upper_s: float, *, deadlin
             rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
             runs[P] = (rest, DepthRun(dt, P, max(upper_s - rest, 1e-6), pricer))
     rounds = {P: 0 for P in runs}
-    while time.monotonic() < deadline:
-        live = [P for P, (_, run) in runs.items() if not run.done and rounds[P] < max_rounds]
+    last = {P: 0.0 for P in runs}  # seconds of each P's last round: one that would overrun the deadline waits
+    while (now := time.monotonic()) < deadline:
+        live = [P for P, (_, run) in runs.items() if not run.done and rounds[P] < max_rounds
+                and now + last[P] <= deadline]
         if not live:
             break
         P = min(live, key=lambda q: (runs[q][0] + runs[q][1].proven, q))
         runs[P][1].step()
         rounds[P] += 1
+        last[P] = time.monotonic() - now
     return {P: rest + run.proven for P, (rest, run) in runs.items()}

@@ -140,3 +140,25 @@ def test_the_planner_takes_the_depth_bound_where_memory_depends_on_depth() -> No
     assert res.params.get("depth_bound_s") is not None
     assert res.params["depth_bound_s"] <= bf.iteration_time_s * (1 + 1e-9)
     assert res.bound_s <= bf.iteration_time_s * (1 + 1e-9)
+
+
+def test_a_pipeline_count_that_cannot_certify_gives_up_and_leaves_the_others_their_rounds() -> None:
+    """small-mixed (8 GPUs), Llama-2 7B without recompute: P = 1 never certifies (the DP admits more
+    T4 stages than the node has, at dual price 0). It stops after a few rounds without a column or a
+    certificate, so P = 2–4 are still proven at the plan within the share (their optimum: 13.4556 s)."""
+    pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "small-mixed.yaml"),
+                     model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096))
+    tables = build_tables(pb)
+    dt = db.depth_tables(tables)
+    run = db.DepthRun(dt, 1, 13.4556, db._Pricer(dt, tables.micro_batches))
+    rounds = 0
+    while not run.done:
+        run.step()
+        rounds += 1
+        assert rounds <= 30, "a P without progress must give up"
+    assert run.proven <= 13.4556
+    import time
+
+    b = db.depth_lower_bounds(tables, 4, 13.4556, deadline=time.monotonic() + 30)
+    assert all(b[P] == pytest.approx(13.4556) for P in (2, 3, 4)), b
+    assert b[1] <= 13.4556 * (1 + 1e-9)
