@@ -375,8 +375,9 @@ def depth_pipeline_bound(dt: DepthTables, P: int, upper: float, *, deadline: flo
 
 
 MAX_BOXES = 2000  # refinement stops at four times this many boxes of U
-MAX_STALLS = 4  # rounds without a new column nor a certificate before a P gives up (on het1-3 none past
-# the third raised a bound; each refines the boxes, so rounds grow ~2x: small-mixed's P = 1 hit 18 s at the tenth)
+# rounds without a new column nor a certificate before a P gives up: each splits boxes, so rounds grow
+# about twofold (small-mixed's P = 1 reached 18 s at the tenth); on het1-3 none past the third raised a bound
+MAX_STALLS = 4
 
 
 def _root(master: _DepthMaster, M: int, lo: float, hi: float) -> float:

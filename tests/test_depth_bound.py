@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -102,8 +103,6 @@ def test_the_depth_bound_never_exceeds_a_bruteforce_optimum(seed: int) -> None:
     if bf.status is not SolveStatus.OPTIMAL:
         pytest.skip(f"no plan fits this random instance ({bf.reason})")
     tables = build_tables(pb)
-    import time
-
     bounds = db.depth_lower_bounds(tables, max_pipelines(tables), 2 * bf.iteration_time_s,
                                    deadline=time.monotonic() + 5)
     assert min(bounds.values()) <= bf.iteration_time_s * (1 + 1e-9)
@@ -118,8 +117,6 @@ def test_memory_at_depth_proves_what_one_micro_batch_in_flight_cannot() -> None:
                      model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096))
     tables = build_tables(pb)
     assert db.memory_depends_on_depth(tables)
-    import time
-
     b = db.depth_lower_bounds(tables, 2, 11.579, deadline=time.monotonic() + 30, only=frozenset({2}))
     assert 10.0 < b[2] <= 11.579
 
@@ -145,7 +142,7 @@ def test_the_planner_takes_the_depth_bound_where_memory_depends_on_depth() -> No
 def test_a_pipeline_count_that_cannot_certify_gives_up_and_leaves_the_others_their_rounds() -> None:
     """small-mixed (8 GPUs), Llama-2 7B without recompute: P = 1 never certifies (the DP admits more
     T4 stages than the node has, at dual price 0). It stops after a few rounds without a column or a
-    certificate, so P = 2–4 are still proven at the plan within the share (their optimum: 13.4556 s)."""
+    certificate, so P = 2–4 are still proven at the plan (13.4556 s, optimal) within the share."""
     pb = PlanProblem(cluster=load_cluster(ROOT / "examples" / "clusters" / "small-mixed.yaml"),
                      model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096))
     tables = build_tables(pb)
@@ -157,8 +154,6 @@ def test_a_pipeline_count_that_cannot_certify_gives_up_and_leaves_the_others_the
         rounds += 1
         assert rounds <= 30, "a P without progress must give up"
     assert run.proven <= 13.4556
-    import time
-
     b = db.depth_lower_bounds(tables, 4, 13.4556, deadline=time.monotonic() + 30)
     assert all(b[P] == pytest.approx(13.4556) for P in (2, 3, 4)), b
     assert b[1] <= 13.4556 * (1 + 1e-9)
