@@ -223,6 +223,8 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("Planner: every cluster, model, solver", "planner-full", planner, "python benchmarks/planner.py --full --time-limit 15"),
     ("Planner without recompute (CLI default)", "planner-none", planner,
      "python benchmarks/planner.py --goal --recompute none"),
+    ("Planner with selective recompute", "planner-selective", planner,
+     "python benchmarks/planner.py --goal --recompute selective"),
     ("Heuristic planners", "heuristics", heuristics, "python benchmarks/heuristics.py --write"),
     ("HexiScale reproduction", "reproduce-hexiscale", hexiscale_repro, "python benchmarks/reproduce.py --part hexiscale"),
     ("Segment pairing (DHelix)", "pairing", pairing, "python benchmarks/pairing.py --write-readme"),
