@@ -50,6 +50,7 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 # gen-64 1.99 -> 1.54 %, mixed-a100-a40-t4 2.0 -> 1.98 %, homo-for-het1 0.02 % both; 2 % against 5 %
 # (2026-12-02, hexiscale-het2, two 120 s cpsat solves each): bound 7.5080/7.5095 -> 7.5098/7.5156 s
 EXACT_SHARE_SPLIT = 0.02
+WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm start: bounded by its budget
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
@@ -86,7 +87,10 @@ def _warm_start_plans(problem: PlanProblem, seed: int, profile: Profile, options
         from .solve import solve  # lazy: solve imports this module's callers
 
         for name in options.get("warm_start_methods", ("hexiscale", "megatron")):
-            res = solve(problem, name, seed=seed, profile=profile, time_limit=budget)
+            # hexiscale's grouping search may use the whole warm-start budget (it stops earlier at a
+            # local optimum): a better incumbent is worth more here than its step count's determinism
+            res = solve(problem, name, seed=seed, profile=profile, time_limit=budget,
+                        options={"regroup_evals": WARM_START_REGROUP_EVALS})
             if res.plan is not None and res.evaluation is not None and res.evaluation.feasible:
                 plans.append(res.plan)
             else:

@@ -44,6 +44,7 @@ METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
                   "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share"}
+_HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals"}}
 
 
 def _resolve(method: str) -> Callable[..., SolveResult]:
@@ -69,7 +70,7 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
     ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``max_model_rows``,
     ``export_model``); heuristics get seed, profile and time
-    limit only. A heuristic module that is not installed yields status ``error`` with the reason.
+    limit, and hexiscale ``regroup_evals`` (its phase-1 local search's budget). A heuristic module that is not installed yields status ``error`` with the reason.
     A time limit that is not a positive number of seconds is bad input (:class:`InvalidInputError`).
     """
     opts = dict(options or {})
@@ -86,6 +87,8 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     elif method in EXACT_METHODS:
         kwargs.update({k: v for k, v in opts.items() if k in _EXACT_OPTIONS})
         kwargs.update(_REGISTRY[method][2])
+    else:
+        kwargs.update({k: v for k, v in opts.items() if k in _HEURISTIC_OPTIONS.get(method, ())})
     res = fn(problem, **kwargs)
     if res.plan is not None:  # one ruler for every method
         ev = evaluate(res.plan, profile)

@@ -77,3 +77,13 @@ def test_hexiscale_splits_a_node_between_pipelines_where_phase_1_could_not(examp
     assert evaluate(after.plan).iteration_time_s == after.iteration_time_s
     again = plan_hexiscale(pb)
     assert again.plan.to_dict() == after.plan.to_dict()             # deterministic: a count budget, no clock
+
+
+def test_solve_passes_the_search_budget_to_hexiscale_only(examples_dir):
+    from hexhelix.solver.solve import solve
+
+    pb = _problem(examples_dir)
+    off = solve(pb, "hexiscale", options={"regroup_evals": 0})
+    on = solve(pb, "hexiscale", options={"regroup_evals": 7})
+    assert off.params["regrouped"] == 0 and on.params["regrouped"] == 7
+    assert solve(pb, "megatron", options={"regroup_evals": 0}).plan is not None   # ignored by the others
