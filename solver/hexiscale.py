@@ -530,8 +530,8 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
             best = (sym[1].iteration_time_s, sym[0], f"symmetric P={P}")
     regrouped = 0
     if best is not None and regroup_evals > 0 and not truncated:
-        def finish(groups: list[list[int]]) -> tuple[Plan, Evaluation] | None:
-            return _candidate(problem, ps, groups, profile, below=best[0], deadline=deadline)
+        def finish(groups: list[list[int]], below: float) -> tuple[Plan, Evaluation] | None:
+            return _candidate(problem, ps, groups, profile, below=below, deadline=deadline)
         plan, ev, regrouped = regroup(best[1], evaluate(best[1], profile), finish, max_evals=regroup_evals,
                                       deadline=deadline)
         if ev.iteration_time_s < best[0]:

@@ -39,7 +39,7 @@ __all__ = ["Grouping", "groups_of", "neighbours", "node_counts", "regroup"]
 logger = logging.getLogger(__name__)
 
 Grouping = tuple[tuple[int, ...], ...]   # GPUs per (pipeline, node); pipelines sorted, none empty
-Finish = Callable[[list[list[int]]], "tuple[Plan, Evaluation] | None"]
+Finish = Callable[[list[list[int]], float], "tuple[Plan, Evaluation] | None"]   # (groups, time to beat)
 
 
 def node_counts(plan: Plan) -> Grouping:
@@ -122,7 +122,8 @@ def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int = 1000
     """First-improvement descent from ``plan``'s grouping; returns the best plan (``plan`` itself
     when nothing beats it), its evaluation and the number of groupings scored.
 
-    ``finish(groups)`` turns GPU groups into a feasible plan and its evaluation, or None.
+    ``finish(groups, below)`` turns GPU groups into a feasible plan and its evaluation, or None;
+    ``below`` is the time to beat (the best so far), for work only worth doing under it.
     Stops at a local optimum, after ``max_evals`` groupings, or at ``deadline``
     (a ``time.perf_counter()`` value).
     """
@@ -138,7 +139,7 @@ def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int = 1000
             if len(scored) > max_evals or (deadline is not None and time.perf_counter() > deadline):
                 return best[0], best[1], len(scored) - 1
             scored.add(cand)
-            got = finish(groups_of(problem, cand))
+            got = finish(groups_of(problem, cand), best[1].iteration_time_s)
             if got is not None and got[1].iteration_time_s < best[1].iteration_time_s * (1 - 1e-9):
                 best, current, improved = got, cand, True
                 logger.debug("regroup: %.4f s after %d groupings: %s", got[1].iteration_time_s,

@@ -55,7 +55,8 @@ def test_regroup_never_returns_a_worse_plan_and_keeps_to_its_budget(examples_dir
     base = plan_hexiscale(pb, regroup_evals=0)
     calls: list[list[list[int]]] = []
 
-    def finish(groups):
+    def finish(groups, below):
+        assert below == base.iteration_time_s
         calls.append(groups)
         return None                                     # nothing is feasible: the start must come back
 
