@@ -92,7 +92,7 @@ MEGATRON_SEED_MAX_GPUS = 128  # the uniform-shape candidates are added up to thi
 _EXHAUSTIVE = 256  # TP-split combinations per pipeline below which all are tried (else coordinate descent)
 COMPILED_AFTER = 1000  # layouts in numpy before the compiled form takes over (numba's import costs ~0.5 s)
 SYMMETRIC_MAX_STEPS = 30_000  # listing steps per P for identical-pipeline candidates (≤ ~1.3 s per P at 32 GPUs)
-REGROUP_MAX_EVALS = 250  # groupings the phase-1 local search scores (:mod:`.regroup`)
+REGROUP_MAX_EVALS = 200  # groupings the phase-1 local search scores (:mod:`.regroup`)
 
 
 def min_stage_layers(problem: PlanProblem) -> int:
