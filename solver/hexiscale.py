@@ -37,7 +37,7 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    grouping goes through a local search over GPU blocks moved between pipelines
    (:mod:`~hexhelix.solver.regroup`, at most ``REGROUP_MAX_EVALS`` groupings): phase 1 cannot
    split a node between pipelines by what phase 2 will make of it (Llama-2 7B on hexiscale-het1:
-   11.579 → 10.947 s without activation recompute, 7.555 → 7.255 s with selective recompute;
+   11.579 → 10.947 s without activation recompute, 7.555 → 7.292 s with selective recompute;
    small-mixed with full recompute 17.489 → 17.381 s; the other goal clusters keep their plans).
 
 Released defects fixed here (reference §2.10, §3.3–3.5): equal batch split across pipelines →
