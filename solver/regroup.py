@@ -86,7 +86,12 @@ def neighbours(problem: PlanProblem, grouping: Grouping) -> Iterator[Grouping]:
     used = [sum(row[n] for row in grouping) for n in range(nodes)]
     seen = {grouping}
 
-    def emit(rows: list[list[int]]) -> Iterator[Grouping]:
+    def shifted(*deltas: tuple[int | None, int, int]) -> Iterator[Grouping]:
+        """The grouping with each (pipeline, node, GPUs) delta applied; pipeline None = the idle pool."""
+        rows = [list(r) for r in grouping]
+        for p, n, d in deltas:
+            if p is not None:
+                rows[p][n] += d
         g = _canonical(rows)
         if g and g not in seen:
             seen.add(g)
@@ -96,25 +101,14 @@ def neighbours(problem: PlanProblem, grouping: Grouping) -> Iterator[Grouping]:
         for d in _sizes(degrees[n], grouping[p][n]):
             for q in [*range(P), None]:
                 if q != p:
-                    rows = [list(r) for r in grouping]
-                    rows[p][n] -= d
-                    if q is not None:
-                        rows[q][n] += d
-                    yield from emit(rows)
+                    yield from shifted((p, n, -d), (q, n, d))
         for d in _sizes(degrees[n], caps[n] - used[n]):
-            rows = [list(r) for r in grouping]
-            rows[p][n] += d
-            yield from emit(rows)
+            yield from shifted((p, n, d))
     for p, q in itertools.combinations(range(P), 2):                  # exchanges
         for a, b in itertools.permutations(range(nodes), 2):
             for d in _sizes(degrees[a], grouping[p][a]):
                 for e in _sizes(degrees[b], grouping[q][b]):
-                    rows = [list(r) for r in grouping]
-                    rows[p][a] -= d
-                    rows[q][a] += d
-                    rows[q][b] -= e
-                    rows[p][b] += e
-                    yield from emit(rows)
+                    yield from shifted((p, a, -d), (q, a, d), (q, b, -e), (p, b, e))
 
 
 def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int = 1000,
