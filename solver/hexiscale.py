@@ -59,6 +59,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 import networkx as nx
+from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
@@ -483,6 +484,9 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     The winner's grouping is then improved by moving GPU blocks between pipelines
     (:func:`~hexhelix.solver.regroup.regroup`, at most ``regroup_evals`` groupings; 0 turns it off).
     """
+    if isinstance(regroup_evals, bool) or not isinstance(regroup_evals, int) or regroup_evals < 0:
+        raise InvalidInputError(f"must be a whole number of groupings >= 0 (0 turns the search off), "
+                                f"got {regroup_evals!r}", field="regroup_evals")
     t0 = time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     table = StageCostTable(problem, profile)

@@ -143,3 +143,15 @@ def test_solve_pairing_without_module_is_a_clear_error(capsys, tmp_path: Path, m
     code = main(["solve", str(p)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "pairing" in err[0]
+
+
+def test_solve_with_a_bad_hexiscale_budget_is_one_line(capsys, cluster_file: Path, tmp_path: Path) -> None:
+    prob_path = tmp_path / "problem.json"
+    assert main(["plan", *tiny_args(cluster_file), "--solver", "hexiscale", "--export-problem", str(prob_path)]) == 0
+    capsys.readouterr()
+    prob = json.loads(prob_path.read_text())
+    prob["solve"]["regroup_evals"] = -1
+    prob_path.write_text(json.dumps(prob))
+    code = main(["solve", str(prob_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "regroup_evals" in err[0] and "-1" in err[0]
