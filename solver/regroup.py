@@ -111,7 +111,7 @@ def neighbours(problem: PlanProblem, grouping: Grouping) -> Iterator[Grouping]:
                     yield from shifted((p, a, -d), (q, a, d), (q, b, -e), (p, b, e))
 
 
-def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int = 1000,
+def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int,
             deadline: float | None = None) -> tuple[Plan, Evaluation, int]:
     """First-improvement descent from ``plan``'s grouping; returns the best plan (``plan`` itself
     when nothing beats it), its evaluation and the number of groupings scored.

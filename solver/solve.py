@@ -69,8 +69,9 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     ``options`` are passed to exact methods (``backend``, ``warm_start``, ``initial_plan``,
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
     ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``max_model_rows``,
-    ``export_model``); heuristics get seed, profile and time
-    limit, and hexiscale ``regroup_evals`` (its phase-1 local search's budget). A heuristic module that is not installed yields status ``error`` with the reason.
+    ``export_model``); heuristics get seed, profile and time limit, and hexiscale
+    ``regroup_evals`` (its phase-1 local search's budget). A heuristic module that is not
+    installed yields status ``error`` with the reason.
     A time limit that is not a positive number of seconds is bad input (:class:`InvalidInputError`).
     """
     opts = dict(options or {})
