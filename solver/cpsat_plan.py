@@ -73,7 +73,8 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     solver.parameters.num_workers = max(1, int(workers))
     solver.parameters.log_search_progress = bool(log)
     lines: list[str] = []
-    if log:
+    if log:  # into the result only: CP-SAT would also print it on fd 1, beside --json's object
+        solver.parameters.log_to_stdout = False
         solver.log_callback = lines.append
     done = threading.Event()
     watcher = None

@@ -330,10 +330,11 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         settle_fluid()
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
     lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
+    by_p = {P: bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)}
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
                    "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
-                   "ticks_per_second": scale})
-    log = "\n".join(logs)
+                   "ticks_per_second": scale, "bound_by_pipelines": by_p})
+    log = "\n".join([_summary(by_p, fluid, depth, proven, best[1].iteration_time_s if best else None), *logs])
     if best is None:
         if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
             return result(SolveStatus.INFEASIBLE, None, None, None,
@@ -356,6 +357,21 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     else:
         status, reason = SolveStatus.FEASIBLE, f"stopped with gap {gap:.2%} (not proven)"
     return result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
+
+
+def _summary(by_p: dict[int, float], fluid: dict[int, float], depth: dict[int, float], proven: dict[int, bool],
+             incumbent: float | None) -> str:
+    """The planner's own lines of ``--log``: per pipeline count its bound, where it came from, proven or not
+    (the backends' logs follow; a run the fluid search settles may have none)."""
+    rows = [f"planner: incumbent {incumbent:.6g} s" if incumbent is not None else "planner: no incumbent",
+            "pipelines  bound_s     fluid_s     depth_s     proven"]
+    def cell(x: float | None) -> str:
+        return f"{x:<10.6g}" if x is not None else f"{'-':<10}"
+
+    for P, b in by_p.items():
+        rows.append(f"{P:9d}  {cell(b)}  {cell(fluid.get(P))}  {cell(depth.get(P))}  "
+                    f"{'yes' if proven.get(P, False) else 'no'}")
+    return "\n".join(rows)
 
 
 def _warn_too_big(too_big: dict[int, int], limit: int) -> None:

@@ -178,12 +178,21 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             if found:
                 bound = float(found[-1])
     else:
-        solver = pulp.HiGHS(msg=log, timeLimit=tl, gapRel=gap_rel, threads=1, random_seed=seed,
-                            mip_feasibility_tolerance=1e-9)
-        if not solver.available():
-            raise SolverError("HiGHS is not available (pip install highspy)")
-        with quiet_stdout():
-            prob.solve(solver)
+        # the log goes to a file (read into the result), never to the console beside --json's object
+        fd, path = tempfile.mkstemp(suffix=".log", prefix="hexhelix_highs_")
+        os.close(fd)
+        try:
+            solver = pulp.HiGHS(msg=log, timeLimit=tl, gapRel=gap_rel, threads=1, random_seed=seed,
+                                mip_feasibility_tolerance=1e-9, log_to_console=False,
+                                **({"log_file": path} if log else {}))
+            if not solver.available():
+                raise SolverError("HiGHS is not available (pip install highspy)")
+            with quiet_stdout():
+                prob.solve(solver)
+            with open(path) as fh:
+                text = fh.read()
+        finally:
+            os.unlink(path)
         h = prob.solverModel
         info = h.getInfo()
         has = info.primal_solution_status == 2

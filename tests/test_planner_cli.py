@@ -155,3 +155,18 @@ def test_solve_with_a_bad_hexiscale_budget_is_one_line(capsys, cluster_file: Pat
     code = main(["solve", str(prob_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "regroup_evals" in err[0] and "-1" in err[0]
+
+
+@pytest.mark.parametrize("solver", [["cpsat"], ["milp", "--backend", "highs"], ["milp", "--backend", "cbc"]])
+def test_plan_json_with_the_solver_log_keeps_stdout_one_json_object(capfd, cluster_file: Path,
+                                                                     solver: list[str]) -> None:
+    """--log puts the solver's own log in the JSON (key log), never beside it on stdout (fd 1 itself:
+    the solvers' C++ logs bypass sys.stdout)."""
+    code = main(["plan", *tiny_args(cluster_file), "--solver", *solver, "--time-limit", "30", "--json", "--log"])
+    out = capfd.readouterr().out
+    assert code == 0
+    d = json.loads(out)
+    assert d["log"].startswith("planner: incumbent") and "--- P=1 iteration 1" in d["log"]
+    by_p = d["params"]["bound_by_pipelines"]  # per pipeline count; the reported bound is their least
+    assert set(by_p) == {str(P) for P in range(1, d["params"]["pipelines_max"] + 1)}
+    assert d["bound_s"] == pytest.approx(min(min(by_p.values()), d["iteration_time_s"]), rel=1e-12)
