@@ -129,11 +129,61 @@ def quiet_stdout() -> Iterator[None]:
 _CBC_BOUND = re.compile(r"(?:Lower bound|Best possible|best possible)[:\s]+(-?[0-9.eE+]+)")
 
 
+CBC_GRACE_S = 2.0  # CBC overruns its own -sec (root LP, MIP start: 32 s at -sec 1 on a 31k-row model)
+
+
+def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float) -> tuple[str, str]:
+    """Solve ``prob`` with PuLP's bundled CBC binary under a wall-clock limit: ``seconds`` go to CBC's
+    own -sec, and a run still going :data:`CBC_GRACE_S` later is killed (CBC checks its clock only
+    between phases). The problem's variables get CBC's values. Returns (failure, log): failure is ""
+    on a solution file, "time" when stopped without one, "error" when CBC failed."""
+    import subprocess
+    import warnings
+
+    import pulp
+
+    with warnings.catch_warnings():  # PULP_CBC_CMD (the bundled binary) is deprecated in PuLP 4.0
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cbc = pulp.PULP_CBC_CMD(msg=False)  # the binary's path and PuLP's MPS / solution-file helpers
+    if not cbc.available():
+        raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hexhelix_cbc_") as tmp:
+        mps, mst, sol, log_path = (os.path.join(tmp, f) for f in ("model.mps", "start.mst", "model.sol", "cbc.log"))
+        vs, var_names, row_names, _ = prob.writeMPS(mps, rename=1)
+        args = [cbc.path, mps]
+        if hint:
+            cbc.writesol(mst, prob, vs, var_names, row_names)
+            args += ["-mips", mst]
+        left = max(0.5, seconds - (time.monotonic() - t0))
+        args += ["-sec", f"{left:.3f}", "-randomSeed", str(seed + 1), "-integerT", "1e-9", "-ratio", repr(gap_rel),
+                 "-threads", "1", "-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
+        with open(log_path, "w") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                proc.wait(timeout=left + CBC_GRACE_S)
+                killed = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                killed = True
+        with open(log_path) as fh:
+            text = fh.read()
+        if killed:
+            return "time", (text + f"\n(hexhelix: CBC killed {left + CBC_GRACE_S:.1f} s after its start, "
+                                   f"its -sec {left:.1f} s passed)\n")
+        if proc.returncode != 0 or not os.path.exists(sol):
+            return ("time" if time.monotonic() - t0 >= 0.9 * seconds else "error"), text
+        status, values, _dj, _pi, _slack, sol_status = cbc.readsol_MPS(sol, prob, vs, var_names, row_names)
+    prob.assignVarsVals(values)
+    prob.assignStatus(status, sol_status)
+    return "", text
+
+
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
     """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
     (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line)."""
-    import warnings
 
     import pulp
 
@@ -147,27 +197,9 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             v[i].setInitialValue(val)
     text = ""
     if backend == "cbc":
-        fd, path = tempfile.mkstemp(suffix=".log", prefix="hexhelix_cbc_")
-        os.close(fd)
-        try:
-            with warnings.catch_warnings():  # PULP_CBC_CMD (the bundled binary) is deprecated in PuLP 4.0
-                warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=gap_rel, warmStart=bool(hint), logPath=path,
-                                           threads=1, options=[f"randomSeed {seed + 1}", "integerT 1e-9"])
-            if not solver.available():
-                raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
-            t_cbc = time.monotonic()
-            try:
-                prob.solve(solver)
-                failed = False
-            except pulp.PulpSolverError:  # CBC wrote no solution file: stopped (e.g. by its limit) before one
-                failed = True
-            with open(path) as fh:
-                text = fh.read()
-        finally:
-            os.unlink(path)
-        if failed:  # at its time limit that is a timeout without a solution, else the backend failed
-            status = "timeout" if time.monotonic() - t_cbc >= 0.9 * tl else "error"
+        failed, text = _run_cbc(prob, hint=bool(hint), seconds=tl, seed=seed, gap_rel=gap_rel)
+        if failed:  # no solution file: stopped (by its limit or by us at the deadline) before one, or broke
+            status = "timeout" if failed == "time" else "error"
             return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "")
         status = map_cbc_status(prob.status, prob.sol_status)
         has = prob.sol_status in (1, 2)
