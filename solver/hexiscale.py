@@ -79,12 +79,12 @@ from .layer_assign_jit import AVAILABLE as COMPILED_AVAILABLE
 from .layer_assign_jit import assign_layers_compiled
 from .megatron import plan_megatron
 from .partition import EDGE_WEIGHTINGS, group_by_node, grouped_stripes, partition_pipelines
-from .regroup import regroup
+from .regroup import Regrouped, regroup
 from .result import SolveResult, SolveStatus
 from .stage_order import top_tau_paths
 from .symmetric import best_symmetric
 
-__all__ = ["max_pipelines", "pipeline_counts", "plan_hexiscale", "polish"]
+__all__ = ["max_pipelines", "pipeline_counts", "plan_hexiscale", "polish", "regroup_more"]
 
 logger = logging.getLogger(__name__)
 
@@ -463,6 +463,24 @@ def _phase1(graph: nx.Graph, P: int, seed: int) -> Iterator[tuple[str, list[list
             yield weighting, partition_pipelines(graph, P, seed=seed, weighting=weighting)
 
 
+def _regroup(problem: PlanProblem, ps: _PipelineSolver, plan: Plan, profile: Profile, *, max_evals: int,
+             deadline: float | None) -> Regrouped:
+    def finish(groups: list[list[int]], below: float) -> tuple[Plan, Evaluation] | None:
+        return _candidate(problem, ps, groups, profile, below=below, deadline=deadline)
+
+    return regroup(plan, evaluate(plan, profile), finish, max_evals=max_evals, deadline=deadline)
+
+
+def regroup_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: float, tau: int = 3,
+                 max_evals: int = 100_000) -> Regrouped:
+    """Go on with hexiscale's grouping search from ``plan`` (e.g. one whose search stopped at its
+    time limit) until a local optimum, ``max_evals`` groupings or ``deadline`` (``time.perf_counter``).
+    Phase 2 starts with an empty memo, so the first groupings cost more than in the run before."""
+    problem = plan.problem
+    ps = _PipelineSolver(problem, StageCostTable(problem, profile), tau)
+    return _regroup(problem, ps, plan, profile, max_evals=max_evals, deadline=deadline)
+
+
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
                    time_limit: float | None = None, tau: int = 3, patience: int = 4,
                    seed_megatron: bool = True, symmetric: bool = True,
@@ -482,7 +500,8 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     visited (:func:`~hexhelix.solver.symmetric.best_symmetric`, skipped where listing their shapes
     takes over ``SYMMETRIC_MAX_STEPS`` steps); ``params['winner']`` names the winning candidate.
     The winner's grouping is then improved by moving GPU blocks between pipelines
-    (:func:`~hexhelix.solver.regroup.regroup`, at most ``regroup_evals`` groupings; 0 turns it off).
+    (:func:`~hexhelix.solver.regroup.regroup`, at most ``regroup_evals`` groupings; 0 turns it off;
+    ``params['regroup_stopped']`` says why it ended: local optimum, budget, time, or off).
     """
     if isinstance(regroup_evals, bool) or not isinstance(regroup_evals, int) or regroup_evals < 0:
         raise InvalidInputError(f"must be a whole number of groupings >= 0 (0 turns the search off), "
@@ -532,18 +551,16 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
                              max_steps=SYMMETRIC_MAX_STEPS, deadline=deadline)
         if sym is not None:
             best = (sym[1].iteration_time_s, sym[0], f"symmetric P={P}")
-    regrouped = 0
+    regrouped, regroup_stopped = 0, "off"
     if best is not None and regroup_evals > 0 and not truncated:
-        def finish(groups: list[list[int]], below: float) -> tuple[Plan, Evaluation] | None:
-            return _candidate(problem, ps, groups, profile, below=below, deadline=deadline)
-        plan, ev, regrouped = regroup(best[1], evaluate(best[1], profile), finish, max_evals=regroup_evals,
-                                      deadline=deadline)
+        plan, ev, regrouped, regroup_stopped = _regroup(problem, ps, best[1], profile, max_evals=regroup_evals,
+                                                        deadline=deadline)
         if ev.iteration_time_s < best[0]:
             best = (ev.iteration_time_s, plan, f"{best[2]}, regrouped")
     elapsed = time.perf_counter() - t0
     params = {"seed": seed, "tau": tau, "patience": patience, "time_limit": time_limit, "max_pipelines": pmax,
               "candidates_tried": tried, "truncated": truncated, "symmetric": symmetric,
-              "regroup_evals": regroup_evals, "regrouped": regrouped}
+              "regroup_evals": regroup_evals, "regrouped": regrouped, "regroup_stopped": regroup_stopped}
     if best is None:
         status = SolveStatus.TIMEOUT if truncated else SolveStatus.INFEASIBLE
         why = (f"time limit {time_limit} s reached before hexiscale found a plan" if truncated else

@@ -28,13 +28,14 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from hexhelix.ir.plan import Plan, PlanProblem
 
 from .evaluate import Evaluation
 from .layer_assign import valid_tp
 
-__all__ = ["Grouping", "groups_of", "neighbours", "node_counts", "regroup"]
+__all__ = ["Grouping", "Regrouped", "groups_of", "neighbours", "node_counts", "regroup"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +112,19 @@ def neighbours(problem: PlanProblem, grouping: Grouping) -> Iterator[Grouping]:
                     yield from shifted((p, a, -d), (q, a, d), (q, b, -e), (p, b, e))
 
 
+class Regrouped(NamedTuple):
+    """What :func:`regroup` found: the best plan (the start when nothing beat it), its evaluation,
+    the groupings scored, and why it stopped: "local optimum", "budget" (``max_evals``) or "time"."""
+
+    plan: Plan
+    evaluation: Evaluation
+    scored: int
+    stopped: str
+
+
 def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int,
-            deadline: float | None = None) -> tuple[Plan, Evaluation, int]:
-    """First-improvement descent from ``plan``'s grouping; returns the best plan (``plan`` itself
-    when nothing beats it), its evaluation and the number of groupings scored.
+            deadline: float | None = None) -> Regrouped:
+    """First-improvement descent from ``plan``'s grouping (:class:`Regrouped`).
 
     ``finish(groups, below)`` turns GPU groups into a feasible plan and its evaluation, or None;
     ``below`` is the time to beat (the best so far), for work only worth doing under it.
@@ -131,7 +141,7 @@ def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int,
             if cand in scored:
                 continue
             if len(scored) > max_evals or (deadline is not None and time.perf_counter() > deadline):
-                return best[0], best[1], len(scored) - 1
+                return Regrouped(best[0], best[1], len(scored) - 1, "budget" if len(scored) > max_evals else "time")
             scored.add(cand)
             got = finish(groups_of(problem, cand), best[1].iteration_time_s)
             if got is not None and got[1].iteration_time_s < best[1].iteration_time_s * (1 - 1e-9):
@@ -139,4 +149,4 @@ def regroup(plan: Plan, ev: Evaluation, finish: Finish, *, max_evals: int,
                 logger.debug("regroup: %.4f s after %d groupings: %s", got[1].iteration_time_s,
                              len(scored) - 1, cand)
                 break
-    return best[0], best[1], len(scored) - 1
+    return Regrouped(best[0], best[1], len(scored) - 1, "local optimum")

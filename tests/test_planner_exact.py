@@ -335,3 +335,23 @@ def test_models_too_big_to_build_are_reported_in_one_warning(caplog) -> None:
     assert "skipped (max_model_rows 1)" in lines[0]
     assert r.plan is not None and r.bound_s is not None
     assert r.bound_s <= brute("multi-pipeline").iteration_time_s * (1 + REL)
+
+
+def test_the_grouping_search_goes_on_here_while_the_fluid_child_searches_bounds(examples_dir) -> None:
+    """hexiscale-het1, Llama-2 7B, selective recompute, 20 s: the warm start (5 s) stops hexiscale's
+    grouping search long before its local optimum (~19 s alone); with the fluid search on the second
+    core, this process continues it, and the result is the plan it ended with (never a worse one)."""
+    from hexhelix.ir.cluster import load_cluster
+    from hexhelix.solver.fluid_job import can_fork
+
+    if not can_fork():
+        pytest.skip("the fluid search runs in a forked child on a second core only")
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het1.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, seq_len=4096, recompute="selective"))
+    res = solve(pb, "cpsat", time_limit=20.0)
+    more = res.params["regroup_more"]
+    assert more["scored"] > 0 and more["to_s"] <= more["from_s"]
+    assert res.iteration_time_s <= min(more["from_s"], more["to_s"]) + 1e-9
+    assert evaluate(res.plan).iteration_time_s == pytest.approx(res.iteration_time_s, rel=1e-12)
+    assert res.bound_s is not None and res.bound_s <= res.iteration_time_s

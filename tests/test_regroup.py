@@ -6,7 +6,7 @@ from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import REGROUP_MAX_EVALS, plan_hexiscale
+from hexhelix.solver.hexiscale import REGROUP_MAX_EVALS, plan_hexiscale, regroup_more
 from hexhelix.solver.regroup import groups_of, neighbours, node_counts, regroup
 
 GOAL_TRAIN = TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full")
@@ -60,9 +60,9 @@ def test_regroup_never_returns_a_worse_plan_and_keeps_to_its_budget(examples_dir
         calls.append(groups)
         return None                                     # nothing is feasible: the start must come back
 
-    plan, ev, n = regroup(base.plan, base.evaluation, finish, max_evals=5)
+    plan, ev, n, stopped = regroup(base.plan, base.evaluation, finish, max_evals=5)
     assert plan is base.plan and ev.iteration_time_s == base.iteration_time_s
-    assert n == len(calls) == 5
+    assert n == len(calls) == 5 and stopped == "budget"
 
 
 def test_hexiscale_splits_a_node_between_pipelines_where_phase_1_could_not(examples_dir):
@@ -88,3 +88,19 @@ def test_solve_passes_the_search_budget_to_hexiscale_only(examples_dir):
     on = solve(pb, "hexiscale", options={"regroup_evals": 7})
     assert off.params["regrouped"] == 0 and on.params["regrouped"] == 7
     assert solve(pb, "megatron", options={"regroup_evals": 0}).plan is not None   # ignored by the others
+
+
+def test_the_search_goes_on_from_a_plan_to_the_same_local_optimum(examples_dir):
+    """regroup_more (what the exact planner runs beside its fluid child when the warm start's search
+    ran out of time) from phase 1's plan ends where hexiscale's own search ends, and says why."""
+    import time
+
+    pb = _problem(examples_dir)
+    start = plan_hexiscale(pb, regroup_evals=0)
+    assert start.params["regroup_stopped"] == "off"
+    more = regroup_more(start.plan, deadline=time.perf_counter() + 60)
+    assert more.stopped == "local optimum" and node_counts(more.plan) == ((2, 0, 1), (2, 2, 1))
+    assert more.evaluation.iteration_time_s == evaluate(more.plan).iteration_time_s < start.iteration_time_s
+    assert plan_hexiscale(pb).params["regroup_stopped"] == "local optimum"
+    cut = regroup_more(start.plan, deadline=time.perf_counter() - 1)     # out of time before the first grouping
+    assert cut.stopped == "time" and cut.scored == 0 and cut.plan is start.plan
