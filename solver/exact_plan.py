@@ -111,8 +111,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
 
     Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics hints the
     model and cuts off worse plans; where hexiscale's grouping search ran out of the warm-start
-    budget and the fluid search runs in a child, it goes on here meanwhile, ``params['regroup_more']``), ``initial_plan`` (a Plan used the same way), ``max_pipelines``
-    (cap P; the bound is then only over the P explored and the result cannot be optimal),
+    budget and the fluid search runs in a child, it goes on here meanwhile, ``params['regroup_more']``),
+    ``initial_plan`` (a Plan used the same way), ``max_pipelines`` (cap P; the bound is then only over
+    the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
     ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at most
     ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent; with
@@ -346,8 +347,8 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
         take_fluid(job.collect())
         settle_fluid()
     explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
-    lower = min([bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)], default=rate)
     by_p = {P: bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)}
+    lower = min(by_p.values(), default=rate)
     params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
                    "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
                    "ticks_per_second": scale, "bound_by_pipelines": by_p})
@@ -382,6 +383,7 @@ def _summary(by_p: dict[int, float], fluid: dict[int, float], depth: dict[int, f
     (the backends' logs follow; a run the fluid search settles may have none)."""
     rows = [f"planner: incumbent {incumbent:.6g} s" if incumbent is not None else "planner: no incumbent",
             "pipelines  bound_s     fluid_s     depth_s     proven"]
+
     def cell(x: float | None) -> str:
         return f"{x:<10.6g}" if x is not None else f"{'-':<10}"
 

@@ -184,7 +184,6 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
     """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
     (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line)."""
-
     import pulp
 
     if backend not in BACKENDS:
