@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run several planners on one problem and compare them",
                        description="Run each solver (same seed, time limit and cost model) and print a table: "
                                    "iteration time, throughput, proven bound and gap, solve time, and throughput "
-                                   "relative to the best bound.")
+                                   "relative to the best bound. The heuristics run first; the best plan among them "
+                                   "starts the exact solvers (whose time then excludes the heuristics').")
     add_model_args(p)
     add_solver_args(p)
     p.add_argument("--solvers", default=DEFAULT_SOLVERS, help=f"comma-separated (default {DEFAULT_SOLVERS}); "
