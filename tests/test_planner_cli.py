@@ -119,6 +119,15 @@ def test_compare_table(capsys, cluster_file: Path) -> None:
     assert "vs bound" in out and "cpsat" in out and "milp-highs" in out
 
 
+def test_compare_table_keeps_its_columns_where_a_heuristic_has_no_bound(capsys, cluster_file: Path) -> None:
+    """A missing bound or gap is a "-" as wide as its column: every row as long as the header."""
+    assert main(["compare", *tiny_args(cluster_file), "--solvers", "cpsat,hexiscale,megatron"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("solver"))
+    rows = [ln for ln in lines[head + 2:] if ln.split() and ln.split()[0] in ("cpsat", "hexiscale", "megatron")]
+    assert len(rows) == 3 and {len(r) for r in rows} == {len(lines[head])}
+
+
 def test_evaluate_hand_written_example(capsys) -> None:
     path = ROOT / "examples" / "plans" / "small-mixed-llama2-7b.json"
     assert main(["evaluate", str(path)]) == 0

@@ -73,3 +73,10 @@ def emit_json(obj: Any, out: str | None = None) -> None:
 def progress(message: str) -> None:
     """One progress line on stderr (stdout stays clean for --json)."""
     print(message, file=sys.stderr, flush=True)
+
+
+def cell(v: float | None, spec: str) -> str:
+    """``v`` in the format ``spec`` (e.g. ``'9.4f'``, ``'10,.0f'``); a missing value is a "-" as wide
+    as the column, so tables stay aligned."""
+    width = int(spec.lstrip(",").split(".")[0].replace(",", "") or 0)
+    return f"{'-':>{width}}" if v is None else format(v, spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_args, emit_json, progress
+from .common import add_model_args, cell, emit_json, progress
 from .plan import add_solver_args, problem_from_args, solver_options, ticker
 
 DEFAULT_SOLVERS = "cpsat,milp,hexiscale,hexiscale-released,megatron"
@@ -22,10 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solvers", default=DEFAULT_SOLVERS, help=f"comma-separated (default {DEFAULT_SOLVERS}); "
                    "milp uses --backend, or name milp-cbc / milp-highs")
     p.set_defaults(func=run)
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,11 +57,11 @@ def run(args: argparse.Namespace) -> int:
     print("-" * len(head))
     for r, x in zip(results, rel):
         ev = r.evaluation
-        print(f"{r.solver:<20} {r.status.value:<10} {_fmt(ev.iteration_time_s if ev else None, '9.4f')} "
-              f"{_fmt(ev.throughput_tokens_per_s if ev else None, '10,.0f')} {_fmt(ev.mfu if ev else None, '6.1%')} "
-              f"{_fmt(r.bound_s, '9.4f')} {_fmt(r.gap, '8.2%')} {_fmt(x, '8.3f')} {r.solve_time_s:7.1f}")
+        print(f"{r.solver:<20} {r.status.value:<10} {cell(ev.iteration_time_s if ev else None, '9.4f')} "
+              f"{cell(ev.throughput_tokens_per_s if ev else None, '10,.0f')} {cell(ev.mfu if ev else None, '6.1%')} "
+              f"{cell(r.bound_s, '9.4f')} {cell(r.gap, '8.2%')} {cell(x, '8.3f')} {r.solve_time_s:7.1f}")
     for r in results:
         if r.reason:
             print(f"  {r.solver}: {r.reason}")
-    print(f"best proven bound: {_fmt(best, '.4f')} s; 'vs bound' = bound / iteration time (1.000 = provably optimal)")
+    print(f"best proven bound: {cell(best, '.4f')} s; 'vs bound' = bound / iteration time (1.000 = provably optimal)")
     return 0 if any(r.plan is not None for r in results) else 1

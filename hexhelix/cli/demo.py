@@ -37,7 +37,7 @@ from hexhelix.ir.model import TrainingConfig, load_model
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE
 
-from .common import progress, resolve_cluster_path
+from .common import cell, progress, resolve_cluster_path
 from .demo_scale import describe, scale_plan
 
 DEMO_CLUSTER = "small-mixed"
@@ -173,14 +173,9 @@ def _compare(tour: _Tour, problem: PlanProblem, limit: float) -> list[Any]:
     rows = []
     for r, x in zip(results, rel):
         ev = r.evaluation
-
-        def f(v: float | None, spec: str) -> str:
-            width = int(spec.lstrip(",").split(".")[0].replace(",", "") or 0)
-            return f"{'-':>{width}}" if v is None else format(v, spec)
-
-        print(f"   {r.solver:<19} {r.status.value:<10} {f(ev.iteration_time_s if ev else None, '8.3f')} "
-              f"{f(ev.throughput_tokens_per_s if ev else None, '9,.0f')} {f(ev.mfu if ev else None, '6.1%')} "
-              f"{f(r.bound_s, '8.3f')} {f(r.gap, '7.1%')} {f(x, '8.3f')} {r.solve_time_s:7.1f}")
+        print(f"   {r.solver:<19} {r.status.value:<10} {cell(ev.iteration_time_s if ev else None, '8.3f')} "
+              f"{cell(ev.throughput_tokens_per_s if ev else None, '9,.0f')} {cell(ev.mfu if ev else None, '6.1%')} "
+              f"{cell(r.bound_s, '8.3f')} {cell(r.gap, '7.1%')} {cell(x, '8.3f')} {r.solve_time_s:7.1f}")
         if r.plan is not None:
             tour.write(f"plans/{r.solver}.json", json.dumps(r.plan.to_dict(), indent=1) + "\n")
         d = r.to_dict()
