@@ -26,6 +26,7 @@ from .evaluate import stage_cost
 __all__ = ["Stage", "StageCostTable", "StageProbe", "allocate_micro_batches", "assign_layers", "tp_splits", "valid_tp"]
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
+ASSIGN_DUAL_ROUNDS = 4  # dual rounds of :meth:`StageCostTable.pipeline_floor`'s memory test
 TIE_REL = 1e-12  # layer counts whose pipeline times differ by less (relative) are ties: the first one wins
 
 
@@ -52,6 +53,19 @@ class StageProbe:
         return lmax
 
 
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """A stage of one (node, TP) anywhere in a pipeline of K stages: its seconds per layer and least
+    fixed seconds over every position and successor, its most layers at each position, their
+    maximum, and the most micro-batches in flight at a position where it holds min_layers (−1: none)."""
+
+    time1: float
+    time0: float
+    caps: tuple[int, ...]
+    most: int
+    tolerant: int
+
+
 class StageCostTable:
     """Cached probes of :func:`hexhelix.solver.evaluate.stage_cost` (so no formula is re-derived here).
 
@@ -64,6 +78,8 @@ class StageCostTable:
         self._time: dict[tuple, tuple[float, float, float]] = {}
         self._mem: dict[tuple, tuple[float, float]] = {}
         self._cache: dict[tuple, StageProbe] = {}
+        self._kinds: dict[tuple, _Kind] = {}  # :meth:`_kind`
+        self._need: dict[tuple[int, int], list[int]] = {}  # :meth:`_inflight`
 
     def probe(self, node: int, tp: int, index: int, num_stages: int, micro_batches: int,
               next_node: int | None) -> StageProbe:
@@ -93,6 +109,85 @@ class StageCostTable:
         n = len(stages)
         return [self.probe(node, len(g), k, n, micro_batches, stages[k + 1][0] if k + 1 < n else None)
                 for k, (node, g) in enumerate(stages)]
+
+    def _kind(self, node: int, tp: int, num_stages: int, micro_batches: int, mem_micro_batches: int,
+              min_layers: int) -> _Kind:
+        """A stage of this (node, TP) anywhere in a pipeline of ``num_stages`` (:class:`_Kind`)."""
+        key = (node, tp, num_stages, micro_batches, mem_micro_batches, min_layers)
+        hit = self._kinds.get(key)
+        if hit is None:
+            K, L = num_stages, self.problem.model.layers
+            nodes = range(len(self.problem.cluster.nodes))
+            timed = [self.probe(node, tp, k, K, micro_batches, nxt)
+                     for k in sorted({0, min(1, K - 1), K - 1})
+                     for nxt in ((None,) if k == K - 1 else nodes)]
+            caps = tuple(min(L, self.probe(node, tp, k, K, mem_micro_batches, None if k == K - 1 else node).max_layers())
+                         for k in range(K))
+            tolerant = max((cost.inflight_microbatches(self.problem.schedule, k, K, mem_micro_batches)
+                            for k in range(K) if caps[k] >= min_layers), default=-1)
+            hit = self._kinds[key] = _Kind(time1=min(p.time1 for p in timed), time0=min(p.time0 for p in timed),
+                                           caps=caps, most=max(caps), tolerant=tolerant)
+        return hit
+
+    def fits_in_order(self, kinds: Sequence[tuple[int, int]], micro_batches: int, mem_micro_batches: int,
+                      min_layers: int = 1) -> bool:
+        """Whether memory admits these stages ((node, TP) each) in this order: each holds
+        min_layers at its position and together they hold the L layers (what :func:`assign_layers`
+        needs of its caps, without the layout)."""
+        K, L = len(kinds), self.problem.model.layers
+        caps = [self._kind(n, t, K, micro_batches, mem_micro_batches, min_layers).caps[k]
+                for k, (n, t) in enumerate(kinds)]
+        return K * min_layers <= L and min(caps) >= min_layers and sum(caps) >= L
+
+    def order_free(self, kinds: Sequence[tuple[int, int]], micro_batches: int, mem_micro_batches: int,
+                   min_layers: int = 1) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]] | None:
+        """These stages ((node, TP) each) relaxed so that no order of them is cheaper: per stage its
+        seconds per layer, its least fixed seconds and its most layers over every position and
+        successor. :func:`assign_layers` on them is a lower bound on the pipeline time of every
+        order (its formula does not depend on the order). None where memory admits no order:
+
+        * a stage holds min_layers nowhere, or the stages' most layers sum to less than L;
+        * Hall's condition: admit each stage wherever no more micro-batches are in flight than at its
+          most loaded admissible position (a superset of where it fits); the sets are nested, so
+          some order gives every position a stage that holds min_layers only if the i-th most
+          tolerant stage takes at least the i-th largest in-flight count (deep 1F1B pipelines
+          without recompute fail here);
+        * the most layers of any stage-to-position assignment is at most Σ row + Σ column of any
+          feasible dual of the assignment LP (r_s + q_k ≥ caps[s, k], both free): a few rounds of
+          coordinate descent from the column maxima (:meth:`dual_room`)."""
+        K, L = len(kinds), self.problem.model.layers
+        if K == 0 or K * min_layers > L:
+            return None
+        rows = [self._kind(n, t, K, micro_batches, mem_micro_batches, min_layers) for n, t in kinds]
+        if min(r.most for r in rows) < min_layers or sum(r.most for r in rows) < L:
+            return None
+        need = self._inflight(K, mem_micro_batches)
+        if any(a < b for a, b in zip(sorted((r.tolerant for r in rows), reverse=True), need)):
+            return None
+        return (tuple(r.time1 for r in rows), tuple(r.time0 for r in rows), tuple(r.most for r in rows))
+
+    def dual_room(self, kinds: Sequence[tuple[int, int]], micro_batches: int, mem_micro_batches: int,
+                  min_layers: int = 1) -> float:
+        """An upper bound on the layers these stages hold together in any order (the assignment
+        dual of :meth:`order_free`'s last test)."""
+        K = len(kinds)
+        caps = np.array([self._kind(n, t, K, micro_batches, mem_micro_batches, min_layers).caps for n, t in kinds],
+                        dtype=float)
+        q = caps.max(axis=0)
+        r = np.zeros(K)
+        for _ in range(ASSIGN_DUAL_ROUNDS):
+            r = (caps - q[None, :]).max(axis=1)
+            q = (caps - r[:, None]).max(axis=0)
+        return float(r.sum() + q.sum())
+
+    def _inflight(self, num_stages: int, mem_micro_batches: int) -> list[int]:
+        """In-flight micro-batch counts of the positions of a pipeline, largest first (remembered)."""
+        key = (num_stages, mem_micro_batches)
+        if key not in self._need:
+            self._need[key] = sorted((cost.inflight_microbatches(self.problem.schedule, k, num_stages,
+                                                                 mem_micro_batches) for k in range(num_stages)),
+                                     reverse=True)
+        return self._need[key]
 
 
 def assign_layers(time1: Sequence[float], time0: Sequence[float], caps: Sequence[int], layers: int,

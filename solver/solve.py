@@ -43,7 +43,7 @@ HEURISTIC_METHODS = ("hexiscale", "hexiscale-released", "megatron")
 METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
-                  "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share"}
+                  "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share", "symmetric_more_s"}
 _HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals"}}
 
 
@@ -68,7 +68,7 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
 
     ``options`` are passed to exact methods (``backend``, ``warm_start``, ``initial_plan``,
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
-    ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``max_model_rows``,
+    ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``symmetric_more_s``, ``max_model_rows``,
     ``export_model``); heuristics get seed, profile and time limit, and hexiscale
     ``regroup_evals`` (its phase-1 local search's budget). A heuristic module that is not
     installed yields status ``error`` with the reason.

@@ -28,6 +28,8 @@ from .layer_assign import Stage, tp_splits, valid_tp
 __all__ = ["Unit", "best_symmetric", "ranked_shapes", "replicate", "unit_sets"]
 
 Layout = Callable[[list[Stage], int], "tuple[tuple[int, ...], float] | None"]
+Floor = Callable[[list[tuple[int, int]], int], float]  # (node, TP) of each stage, m → least pipeline time in any order
+Fits = Callable[[list[tuple[int, int]], int], bool]    # (node, TP) of each stage in order, m → memory admits them
 Shape = tuple[tuple["Unit", tuple[int, ...]], ...]   # (unit, its ordered TP split) in visiting order
 
 
@@ -70,13 +72,18 @@ def _splits(problem: PlanProblem, cap: int) -> list[tuple[int, ...]]:
 
 
 class _Budget:
-    """Enumeration steps left; spent by every split combination and visiting order looked at."""
+    """Enumeration steps left; spent by every split combination and visiting order looked at. With
+    a ``deadline`` (``time.perf_counter()``), also gone once that passes (checked every 1024 steps)."""
 
-    def __init__(self, steps: int | None):
-        self.left = steps
+    def __init__(self, steps: int | None, deadline: float | None = None):
+        self.left, self.deadline, self.taken = steps, deadline, 0
 
     def spend(self) -> bool:
         """False once the budget is gone (no budget: never)."""
+        self.taken += 1
+        if self.deadline is not None and self.taken % 1024 == 0 and time.perf_counter() > self.deadline:
+            self.left = -1
+            return False
         if self.left is None:
             return True
         self.left -= 1
@@ -106,10 +113,13 @@ def _distinct_orders(keys: list[tuple]) -> Iterator[tuple[int, ...]]:
     return rec()
 
 
-def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], budget: _Budget
-            ) -> Iterator[Shape | None]:
+def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], budget: _Budget,
+            skip: Callable[[list[tuple[int, int]]], bool] | None = None,
+            admit: Callable[[list[tuple[int, int]]], bool] | None = None) -> Iterator[Shape | None]:
     """Shapes over these groups of interchangeable units, one per new sequence of (group, split):
-    a multiset of splits per group, then the orders that differ; None once ``budget`` is spent."""
+    a multiset of splits per group, then the orders that differ; None once ``budget`` is spent.
+    ``skip``: a multiset of stages ((node, TP) each) none of whose orders is wanted; ``admit``: the
+    stages of an order that is (else it is left out)."""
     menus = [_splits(problem, units[0].cap) for units in groups]
 
     def choices(gi: int) -> Iterator[tuple[tuple[int, ...], ...]]:     # lazily: groups may hold 32 nodes
@@ -132,6 +142,9 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
                     used.append((u, menu[c]))
         if not used or sum(len(c) for _, c in used) > problem.model.layers:
             continue
+        kinds = [[(u.node(0), t) for t in split] for u, split in used]
+        if skip is not None and skip([k for ks in kinds for k in ks]):
+            continue
         for order in _distinct_orders(keys):
             if not budget.spend():
                 yield None
@@ -139,7 +152,8 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
             sig = tuple(keys[i] for i in order)
             if sig not in seen:
                 seen.add(sig)
-                yield tuple(used[i] for i in order)
+                if admit is None or admit([k for i in order for k in kinds[i]]):
+                    yield tuple(used[i] for i in order)
 
 
 def _by_node(problem: PlanProblem) -> dict[int, list[int]]:
@@ -159,20 +173,27 @@ def _stages(by_node: dict[int, list[int]], shape: Shape, p: int) -> list[Stage]:
     return out
 
 
-def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: int | None = None
-                  ) -> list[tuple[float, tuple[int, ...], Shape]] | None:
+def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: int | None = None,
+                  floor: Floor | None = None, below: float = math.inf, fits: Fits | None = None,
+                  deadline: float | None = None) -> list[tuple[float, tuple[int, ...], Shape]] | None:
     """(pipeline time, layer counts, shape) of every shape that fits, fastest first, at ⌈M/P⌉
     micro-batches; None when listing the shapes takes more than ``max_steps`` steps (split
     combinations and visiting orders looked at: a deterministic stand-in for a time limit, checked
-    before any layout is paid for)."""
+    before any layout is paid for). With ``floor``, a split combination whose least pipeline time in
+    any order is ``below`` or more (or that fits in no order) is left out before its orders are
+    listed: it costs one step instead of one per order, and no layout; with ``fits``, so is an order
+    that memory does not admit (no layout). ``deadline`` (``time.perf_counter()``): None as well
+    when the listing runs past it."""
+    m = math.ceil(problem.training.num_micro_batches / P)
+    skip = None if floor is None else (lambda kinds: floor(kinds, m) >= below)
+    admit = None if fits is None else (lambda kinds: fits(kinds, m))
     seen: set[tuple] = set()
-    budget, shapes = _Budget(max_steps), []
+    budget, shapes = _Budget(max_steps, deadline), []
     for groups in unit_sets(problem, P):
-        for shape in _shapes(problem, groups, seen, budget):
+        for shape in _shapes(problem, groups, seen, budget, skip, admit):
             if shape is None:
                 return None
             shapes.append(shape)
-    m = math.ceil(problem.training.num_micro_batches / P)
     by_node, out = _by_node(problem), []
     for shape in shapes:
         lay = layout(_stages(by_node, shape, 0), m)
@@ -197,7 +218,8 @@ def replicate(problem: PlanProblem, shape: Shape, counts: Sequence[int], P: int)
 
 def best_symmetric(problem: PlanProblem, P: int, layout: Layout, profile: Profile = DEFAULT_PROFILE, *,
                    below: float = math.inf, max_steps: int | None = None, deadline: float | None = None,
-                   ranked: list[tuple[float, tuple[int, ...], Shape]] | None = None) -> tuple[Plan, Evaluation] | None:
+                   ranked: list[tuple[float, tuple[int, ...], Shape]] | None = None,
+                   floor: Floor | None = None, fits: Fits | None = None) -> tuple[Plan, Evaluation] | None:
     """The best evaluated plan of P identical pipelines faster than ``below`` seconds, or None.
 
     Shapes are evaluated fastest pipeline first, and the scan stops at the first whose pipeline time
@@ -205,12 +227,15 @@ def best_symmetric(problem: PlanProblem, P: int, layout: Layout, profile: Profil
     limits the result is the best of the class's shapes, each with the layer counts that minimise its
     pipeline time. Limits (each makes it a heuristic): more than ``max_steps`` listing steps (then
     None), or ``deadline`` (a ``time.perf_counter()`` value). ``ranked``: this P's
-    :func:`ranked_shapes`, when already listed.
+    :func:`ranked_shapes`, when already listed; ``floor``: leave out the split combinations whose
+    pipelines cannot beat ``below``, and with ``fits`` the orders memory does not admit (the result
+    is the same, the listing shorter).
     """
     if P > problem.training.num_micro_batches:
         return None
     if ranked is None:
-        ranked = ranked_shapes(problem, P, layout, max_steps=max_steps)
+        ranked = ranked_shapes(problem, P, layout, max_steps=max_steps, floor=floor, below=below,
+                               fits=fits, deadline=deadline)
     best: tuple[Plan, Evaluation] | None = None
     for pipe_s, counts, shape in ranked or ():
         limit = below if best is None else min(below, best[1].iteration_time_s)

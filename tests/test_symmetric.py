@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import Plan, PlanProblem
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import _PipelineSolver, plan_hexiscale
+from hexhelix.solver.hexiscale import _PipelineSolver, plan_hexiscale, symmetric_more
 from hexhelix.solver.layer_assign import StageCostTable
 from hexhelix.solver.symmetric import (
+    _Budget,
+    _by_node,
     _distinct_orders,
+    _shapes,
+    _stages,
     best_symmetric,
     ranked_shapes,
     replicate,
@@ -134,3 +139,68 @@ def test_hexiscale_takes_identical_pipelines_where_they_win(examples_dir):
     assert with_.iteration_time_s < without.iteration_time_s * (1 - 1e-3)
     assert with_.evaluation.feasible and math.isclose(with_.iteration_time_s,
                                                        evaluate(with_.plan).iteration_time_s, rel_tol=1e-12)
+
+
+def _memory_tight(examples_dir) -> PlanProblem:
+    """mixed-a100-a40-t4, Llama-2 7B without recompute: under 1F1B the front stages of a deep pipeline
+    hold many micro-batches in flight, so most orders of most split combinations do not fit."""
+    cl = load_cluster(examples_dir / "clusters" / "mixed-a100-a40-t4.yaml")
+    return PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                       training=TrainingConfig(global_batch=16, micro_batch=1, seq_len=4096, recompute="none"))
+
+
+@pytest.mark.parametrize(("which", "P"), [("tiny", 1), ("tiny", 2), ("slow-sync", 2), ("tight", 2)])
+def test_the_order_free_floor_is_below_every_order_and_fits_is_the_layouts_memory_test(which, P, examples_dir):
+    """For every listed shape: the floor of its stages (taken in another order) never exceeds its
+    layout's pipeline time, is inf only where memory admits no order, and ``fits`` says exactly
+    whether the layout finds layer counts."""
+    pb = {"tiny": _problem, "slow-sync": _slow_sync_problem}.get(which, lambda: _memory_tight(examples_dir))()
+    ps = _PipelineSolver(pb, StageCostTable(pb), tau=3)
+    m = math.ceil(pb.training.num_micro_batches / P)
+    by_combo: dict[tuple, list[float]] = {}
+    for groups in unit_sets(pb, P):
+        for shape in _shapes(pb, groups, set(), _Budget(None)):
+            stages = [(n, len(g)) for n, g in _stages(_by_node(pb), shape, 0)]
+            lay = ps.layout(_stages(_by_node(pb), shape, 0), m)
+            assert ps.fits(stages, m) == (lay is not None)
+            by_combo.setdefault(tuple(sorted(stages)), []).append(math.inf if lay is None else lay[1])
+    tight = 0
+    for kinds, times in by_combo.items():
+        floor = ps.floor(list(reversed(kinds)), m)
+        assert floor <= min(times) * (1 + 1e-12)
+        tight += math.isfinite(floor) and floor >= min(times) * (1 - 1e-9)
+    if which != "slow-sync":                            # exact somewhere (there, every stage's least
+        assert tight > 0                                # fixed time is another position's: never)
+    if which == "tight":                                # memory rules whole combinations out
+        assert sum(math.isinf(ps.floor(list(k), m)) for k in by_combo) > 0.2 * len(by_combo)
+
+
+@pytest.mark.parametrize(("which", "P"), [("tiny", 2), ("tight", 2)])
+def test_the_pruned_listing_finds_the_same_best_plan_from_fewer_shapes(which, P, examples_dir):
+    pb = {"tiny": _problem, "slow-sync": _slow_sync_problem}.get(which, lambda: _memory_tight(examples_dir))()
+    ps = _PipelineSolver(pb, StageCostTable(pb), tau=3)
+    plain = best_symmetric(pb, P, ps.layout)
+    assert plain is not None
+    below = plain[1].iteration_time_s * (1 + 1e-9)
+    pruned = best_symmetric(pb, P, ps.layout, below=below, floor=ps.floor, fits=ps.fits)
+    assert pruned is not None and pruned[0].to_dict() == plain[0].to_dict()
+    full = ranked_shapes(pb, P, ps.layout)
+    short = ranked_shapes(pb, P, ps.layout, floor=ps.floor, fits=ps.fits, below=below)
+    assert len(short) < len(full)
+    assert {r[2] for r in full if r[0] < below} <= {r[2] for r in short}   # none that could win is lost
+
+
+def test_identical_pipelines_listed_beyond_the_step_budget_beat_hexiscale(examples_dir):
+    """hexiscale-het2, Llama-2 7B without recompute: hexiscale's listing of two identical pipelines
+    stops at its step budget (540,912 orders); left out before any layout where the pipelines cannot
+    beat its plan or memory admits no order, the listing ends in seconds with a faster plan."""
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het2.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="none"))
+    heur = plan_hexiscale(pb, regroup_evals=0)
+    got = symmetric_more(heur.plan, deadline=time.perf_counter() + 60)
+    assert got is not None
+    plan, ev = got
+    assert ev.feasible and ev.iteration_time_s < heur.iteration_time_s * (1 - 1e-2)
+    assert math.isclose(ev.iteration_time_s, evaluate(plan).iteration_time_s, rel_tol=1e-12)
+    assert _structure(plan, 0) == _structure(plan, 1)
