@@ -152,12 +152,9 @@ class _PipelineSolver:
         """A lower bound on :meth:`layout`'s pipeline time for these stages ((node, TP) each) in any
         order at m micro-batches (inf: memory admits no order): the exact layout of the stages
         relaxed to their cheapest position (:meth:`StageCostTable.order_free`)."""
-        lo = min_stage_layers(self.problem)
-        relaxed = self.table.order_free(kinds, m, self._mem_mb(m), lo)
+        relaxed = self.table.order_free(kinds, m, self._mem_mb(m), min_stage_layers(self.problem))
         got = None if relaxed is None else self._assign((*relaxed, m))
-        if got is None or self.table.dual_room(kinds, m, self._mem_mb(m), lo) < self.problem.model.layers:
-            return math.inf
-        return got[1]
+        return math.inf if got is None else got[1]
 
     def fits(self, kinds: Sequence[tuple[int, int]], m: int) -> bool:
         """Whether memory admits these stages ((node, TP) each) in this order at m micro-batches (a

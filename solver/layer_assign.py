@@ -63,6 +63,7 @@ class _Kind:
     time0: float
     caps: tuple[int, ...]
     most: int
+    least: int
     tolerant: int
 
 
@@ -126,7 +127,8 @@ class StageCostTable:
             tolerant = max((cost.inflight_microbatches(self.problem.schedule, k, K, mem_micro_batches)
                             for k in range(K) if caps[k] >= min_layers), default=-1)
             hit = self._kinds[key] = _Kind(time1=min(p.time1 for p in timed), time0=min(p.time0 for p in timed),
-                                           caps=caps, most=max(caps), tolerant=tolerant)
+                                           caps=caps, most=max(caps), least=min(caps),
+                                           tolerant=tolerant)
         return hit
 
     def fits_in_order(self, kinds: Sequence[tuple[int, int]], micro_batches: int, mem_micro_batches: int,
@@ -154,7 +156,8 @@ class StageCostTable:
           without recompute fail here);
         * the most layers of any stage-to-position assignment is at most Σ row + Σ column of any
           feasible dual of the assignment LP (r_s + q_k ≥ caps[s, k], both free): a few rounds of
-          coordinate descent from the column maxima (:meth:`dual_room`)."""
+          coordinate descent from the column maxima (only where the stages' least layers anywhere
+          do not already sum to L)."""
         K, L = len(kinds), self.problem.model.layers
         if K == 0 or K * min_layers > L:
             return None
@@ -164,17 +167,17 @@ class StageCostTable:
         need = self._inflight(K, mem_micro_batches)
         if any(a < b for a, b in zip(sorted((r.tolerant for r in rows), reverse=True), need)):
             return None
+        if sum(r.least for r in rows) < L and self._dual_room(rows) < L:
+            return None
         return (tuple(r.time1 for r in rows), tuple(r.time0 for r in rows), tuple(r.most for r in rows))
 
-    def dual_room(self, kinds: Sequence[tuple[int, int]], micro_batches: int, mem_micro_batches: int,
-                  min_layers: int = 1) -> float:
-        """An upper bound on the layers these stages hold together in any order (the assignment
-        dual of :meth:`order_free`'s last test)."""
-        K = len(kinds)
-        caps = np.array([self._kind(n, t, K, micro_batches, mem_micro_batches, min_layers).caps for n, t in kinds],
-                        dtype=float)
+    @staticmethod
+    def _dual_room(rows: Sequence[_Kind]) -> float:
+        """An upper bound on the layers these stages hold together in any order: Σ r + Σ q of a
+        feasible dual of the assignment LP (r_s + q_k ≥ caps[s, k])."""
+        caps = np.array([r.caps for r in rows], dtype=float)
         q = caps.max(axis=0)
-        r = np.zeros(K)
+        r = np.zeros(len(rows))
         for _ in range(ASSIGN_DUAL_ROUNDS):
             r = (caps - q[None, :]).max(axis=1)
             q = (caps - r[:, None]).max(axis=0)
