@@ -183,7 +183,7 @@ def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: in
     any order is ``below`` or more (or that fits in no order) is left out before its orders are
     listed: it costs one step instead of one per order, and no layout; with ``fits``, so is an order
     that memory does not admit (no layout). ``deadline`` (``time.perf_counter()``): None as well
-    when the listing runs past it."""
+    when the listing or the layouts run past it."""
     m = math.ceil(problem.training.num_micro_batches / P)
     skip = None if floor is None else (lambda kinds: floor(kinds, m) >= below)
     admit = None if fits is None else (lambda kinds: fits(kinds, m))
@@ -195,7 +195,9 @@ def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: in
                 return None
             shapes.append(shape)
     by_node, out = _by_node(problem), []
-    for shape in shapes:
+    for i, shape in enumerate(shapes):
+        if deadline is not None and i % 1024 == 1023 and time.perf_counter() > deadline:
+            return None                  # the layouts ran past it too
         lay = layout(_stages(by_node, shape, 0), m)
         if lay is not None:
             out.append((lay[1], lay[0], shape))

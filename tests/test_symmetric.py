@@ -204,3 +204,6 @@ def test_identical_pipelines_listed_beyond_the_step_budget_beat_hexiscale(exampl
     assert ev.feasible and ev.iteration_time_s < heur.iteration_time_s * (1 - 1e-2)
     assert math.isclose(ev.iteration_time_s, evaluate(plan).iteration_time_s, rel_tol=1e-12)
     assert _structure(plan, 0) == _structure(plan, 1)
+    t0 = time.perf_counter()                            # its deadline holds (listing and layouts)
+    symmetric_more(heur.plan, deadline=t0 + 0.3)
+    assert time.perf_counter() - t0 < 1.5
