@@ -26,7 +26,7 @@ from .evaluate import stage_cost
 __all__ = ["Stage", "StageCostTable", "StageProbe", "allocate_micro_batches", "assign_layers", "tp_splits", "valid_tp"]
 
 Stage = tuple[int, tuple[int, ...]]  # (node index, GPU ids)
-ASSIGN_DUAL_ROUNDS = 4  # dual rounds of :meth:`StageCostTable.pipeline_floor`'s memory test
+ASSIGN_DUAL_ROUNDS = 4  # dual rounds of :meth:`StageCostTable.order_free`'s last memory test
 TIE_REL = 1e-12  # layer counts whose pipeline times differ by less (relative) are ties: the first one wins
 
 
@@ -57,7 +57,8 @@ class StageProbe:
 class _Kind:
     """A stage of one (node, TP) anywhere in a pipeline of K stages: its seconds per layer and least
     fixed seconds over every position and successor, its most layers at each position, their
-    maximum, and the most micro-batches in flight at a position where it holds min_layers (−1: none)."""
+    maximum and minimum, and the most micro-batches in flight at a position where it holds
+    min_layers (−1: none)."""
 
     time1: float
     time0: float
