@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import Plan, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
@@ -132,6 +133,10 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     an LP file, e.g. for a bug report), ``workers``, ``log``.
     """
     opts = dict(options or {})
+    slot = opts.get("symmetric_more_s", True)  # seconds for identical pipelines beside the fluid child
+    if not (isinstance(slot, bool) or (isinstance(slot, (int, float)) and math.isfinite(slot) and slot >= 0)):
+        raise InvalidInputError(f"must be seconds >= 0, True (the default share) or False (off), got {slot!r}",
+                                field="symmetric_more_s")
     t0 = time.monotonic()
     limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + limit
@@ -197,13 +202,12 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()),
                 only=(mine | theirs) if settled else None))
     split = split and job is not None  # no fluid search (option, or no incumbent): nothing to split
-    if job is not None and best is not None and opts.get("symmetric_more_s", True) is not False:
+    if job is not None and best is not None and slot is not False:
         # the child searches bounds on the second core: here, plans of identical pipelines are listed
         # beyond hexiscale's step budget (hexiscale-het2 without recompute: 6.413 -> 6.311 s)
         t_sym = time.perf_counter()
-        slot = opts.get("symmetric_more_s", True)
-        slot = min(SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE * limit) if slot is True else float(slot)
-        until = min(solve_deadline, time.monotonic() + slot)
+        seconds = min(SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE * limit) if slot is True else float(slot)
+        until = min(solve_deadline, time.monotonic() + seconds)
         sym = symmetric_more(best[0], profile, deadline=t_sym + max(0.0, until - time.monotonic()))
         params["symmetric_more"] = {"from_s": best[1].iteration_time_s, "seconds": time.perf_counter() - t_sym,
                                     "to_s": None if sym is None else sym[1].iteration_time_s}

@@ -362,6 +362,7 @@ def test_identical_pipelines_are_listed_in_full_here_while_the_fluid_child_searc
     stops at its step budget; with the fluid search on the second core, this process lists them with
     the pruning of solver/symmetric.py and starts from the faster plan (6.413 -> 6.311 s)."""
     from hexhelix.ir.cluster import load_cluster
+    from hexhelix.ir.errors import InvalidInputError
     from hexhelix.solver.fluid_job import can_fork
 
     if not can_fork():
@@ -377,6 +378,8 @@ def test_identical_pipelines_are_listed_in_full_here_while_the_fluid_child_searc
     assert res.bound_s is not None and res.bound_s <= res.iteration_time_s
     off = solve(pb, "cpsat", time_limit=20.0, options={"symmetric_more_s": False})
     assert "symmetric_more" not in off.params
+    with pytest.raises(InvalidInputError, match="symmetric_more_s"):
+        solve(pb, "cpsat", time_limit=20.0, options={"symmetric_more_s": "ten"})
 
 
 def test_compare_starts_the_exact_solvers_from_the_best_heuristic_plan(examples_dir) -> None:
