@@ -202,13 +202,17 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()),
                 only=(mine | theirs) if settled else None))
     split = split and job is not None  # no fluid search (option, or no incumbent): nothing to split
+
+    def beside_child(seconds: float) -> float:
+        """A ``time.perf_counter()`` deadline ``seconds`` from now, within the exact models' own one."""
+        return time.perf_counter() + max(0.0, min(seconds, solve_deadline - time.monotonic()))
+
     if job is not None and best is not None and slot is not False:
         # the child searches bounds on the second core: here, plans of identical pipelines are listed
         # beyond hexiscale's step budget (hexiscale-het2 without recompute: 6.413 -> 6.311 s)
         t_sym = time.perf_counter()
         seconds = min(SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE * limit) if slot is True else float(slot)
-        until = min(solve_deadline, time.monotonic() + seconds)
-        sym = symmetric_more(best[0], profile, deadline=t_sym + max(0.0, until - time.monotonic()))
+        sym = symmetric_more(best[0], profile, deadline=beside_child(seconds))
         params["symmetric_more"] = {"from_s": best[1].iteration_time_s, "seconds": time.perf_counter() - t_sym,
                                     "to_s": None if sym is None else sym[1].iteration_time_s}
         if sym is not None and sym[1].iteration_time_s < best[1].iteration_time_s:
@@ -216,8 +220,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     if job is not None and best is not None and unfinished and unfinished[0] is best[0]:
         # the child searches bounds on the second core: here, hexiscale's grouping search goes on
         # from where the warm start stopped it (hexiscale-het1, selective recompute: 7.255 -> 7.084 s)
-        until = min(solve_deadline, time.monotonic() + min(REGROUP_MORE_S, REGROUP_MORE_SHARE * limit))
-        more = regroup_more(best[0], profile, deadline=time.perf_counter() + max(0.0, until - time.monotonic()))
+        more = regroup_more(best[0], profile, deadline=beside_child(min(REGROUP_MORE_S, REGROUP_MORE_SHARE * limit)))
         params["regroup_more"] = {"scored": more.scored, "stopped": more.stopped,
                                   "from_s": best[1].iteration_time_s, "to_s": more.evaluation.iteration_time_s}
         if more.evaluation.feasible and more.evaluation.iteration_time_s < best[1].iteration_time_s:
