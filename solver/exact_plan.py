@@ -56,8 +56,18 @@ WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm st
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
+# a backend call costs seconds beyond its search whatever its limit (the model handed over, presolve): gen-64's
+# CP-SAT models of P = 4 and 8 (172,032 and 344,064 size units below) took 0.8 and 1.2 s to build and 2.0-2.4
+# and 4.0-4.4 s per call at limits <= 1 s (2026-12-06, this 2-core machine); no call starts that this would
+# carry past the time left
+CALL_S_PER_SIZE, BUILD_S_PER_SIZE = 1.3e-5, 4.5e-6
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
+
+
+def _fixed_cost_s(size: int, built: bool) -> float:
+    """Seconds a backend call of a P-model of ``size`` costs beyond its search, and its build when not built."""
+    return size * (CALL_S_PER_SIZE if built else CALL_S_PER_SIZE + BUILD_S_PER_SIZE)
 
 
 def min_gpus_per_pipeline(tables: CostTables) -> int:
@@ -272,6 +282,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     max_rows = int(opts.get("max_model_rows", 400_000))
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
+    overrun: dict[int, float] = {}  # P -> the most seconds a backend call of its model ran past its limit
     def model_passes(until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
         time to ``until``, until all are proven or the time is up."""
@@ -282,7 +293,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 break
             if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
                 break  # the a-priori bound already proves the incumbent optimal
-            progress_made = False
+            progress_made, attempted = False, False
             for idx, P in enumerate(todo):
                 poll_child()
                 if proven.get(P, False):
@@ -292,9 +303,14 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     break
                 p_deadline = time.monotonic() + remaining / (len(todo) - idx)
                 ub = best[1].iteration_time_s if best else None
+                K = max(1, min(L, N - (P - 1) * gmin))
+                size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
+                need = max(overrun.get(P, 0.0), _fixed_cost_s(size, P in models))
+                if need >= p_deadline - time.monotonic() and size <= max_rows:
+                    if need >= remaining:
+                        continue  # its fixed cost alone would outlast the pass: a later pass may have more time
+                    p_deadline = until  # too slow for its share: it takes the rest of the pass
                 if P not in models:
-                    K = max(1, min(L, N - (P - 1) * gmin))
-                    size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
                     if size > max_rows:  # too big to build: bound stays the rate bound
                         too_big[P] = size
                         bounds[P], proven[P] = max(rate, fluid.get(P, 0.0), depth.get(P, 0.0)), False
@@ -314,10 +330,13 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 hint = pm.encode(best[0]) if best else None
                 while True:
                     left = p_deadline - time.monotonic()
-                    if left <= 0.05:
+                    if left <= max(0.05, overrun.get(P, 0.0), _fixed_cost_s(size, True)):  # its fixed cost would outlast it
                         break
                     # a fluid child that has answered may prove this P: stop the solve to take it in
+                    t_call = time.monotonic()
                     out = backend(pm.lin, left, hint, lambda: job is not None and job.ready())
+                    overrun[P] = max(overrun.get(P, 0.0), time.monotonic() - t_call - left)
+                    attempted = True
                     iterations += 1
                     if out.log:
                         logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
@@ -355,7 +374,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                     break
                 progress_made = progress_made or proven[P]
                 logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
-            if not progress_made and until - time.monotonic() <= 0.05:
+            if not progress_made and (until - time.monotonic() <= 0.05 or not attempted):
                 break
     model_passes(models_deadline)
     if split:  # this process's share of the fluid search, then what time it leaves back to the models

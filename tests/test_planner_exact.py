@@ -6,6 +6,7 @@ is sometimes one pipeline of several stages and sometimes several pipelines with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from functools import cache
@@ -396,3 +397,27 @@ def test_compare_starts_the_exact_solvers_from_the_best_heuristic_plan(examples_
     cpsat, hexi = rows[0], rows[1]
     assert cpsat.iteration_time_s <= hexi.iteration_time_s * (1 + 1e-12)   # (11.579 against 10.947 s before)
     assert cpsat.bound_s is not None and cpsat.bound_s <= cpsat.iteration_time_s
+
+
+def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_time_left(monkeypatch) -> None:
+    """A backend whose every call costs 0.3 s beyond its search (at most 0.2 s), as handing a large
+    model over and presolve do (~4 s per call for gen-64's P = 8 CP-SAT model, whatever its limit),
+    and a planner that knows it: no call starts with 0.3 s left or less, so the solve ends within
+    its limit instead of one such cost past it."""
+    from hexhelix.solver import exact_plan
+
+    monkeypatch.setattr(exact_plan, "_fixed_cost_s", lambda size, built: 0.3)
+    calls: list[float] = []  # seconds each call was given
+
+    def slow(lin: LinearModel, seconds: float, hint, interrupt) -> object:
+        t = time.monotonic()
+        out = solve_cpsat_model(lin, time_limit=seconds, hint=hint)
+        time.sleep(max(0.0, t + min(seconds, 0.2) + 0.3 - time.monotonic()))
+        calls.append(seconds)
+        return dataclasses.replace(out, status="timeout", bound=None)  # never proven: the passes go on
+
+    t0 = time.monotonic()
+    res = exact_plan.solve_exact(make_problem(gpus=(3, 3), layers=6, gb=8), slow, solver="cpsat", time_limit=6.0,
+                                 options={"fluid_bound": False, "shape_bound": False})
+    assert res.status is SolveStatus.TIMEOUT and time.monotonic() - t0 < 6.0 + 0.2
+    assert len(calls) >= 4 and min(calls) > 0.3
