@@ -53,6 +53,9 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 # (2026-12-02, hexiscale-het2, two 120 s cpsat solves each): bound 7.5080/7.5095 -> 7.5098/7.5156 s
 EXACT_SHARE_SPLIT = 0.02
 WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm start: bounded by its budget
+# the heuristics' share of the time limit; hexiscale's sweep over pipeline counts may use all of it (512 GPUs:
+# ~23 s; cut at 10 s it ended at 3.2-3.3 s against 2.947 s), its grouping search and polish stop at 10 s
+WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
@@ -94,8 +97,8 @@ def max_pipelines(tables: CostTables) -> int:
 
 def _warm_start_plans(problem: PlanProblem, seed: int, profile: Profile, options: dict[str, Any],
                       budget: float, unfinished: list[Plan] | None = None) -> list[Plan]:
-    """The heuristics' plans (and ``initial_plan``); hexiscale's, when its grouping search ran out of
-    the budget before a local optimum, is also put in ``unfinished``."""
+    """The heuristics' plans (and ``initial_plan``), each given ``budget`` seconds; hexiscale's, when its
+    grouping search ran out of time before a local optimum, is also put in ``unfinished``."""
     plans: list[Plan] = []
     if options.get("initial_plan") is not None:
         plans.append(options["initial_plan"])
@@ -103,10 +106,11 @@ def _warm_start_plans(problem: PlanProblem, seed: int, profile: Profile, options
         from .solve import solve  # lazy: solve imports this module's callers
 
         for name in options.get("warm_start_methods", ("hexiscale", "megatron")):
-            # hexiscale's grouping search may use the whole warm-start budget (it stops earlier at a
-            # local optimum): a better incumbent is worth more here than its step count's determinism
+            # hexiscale's grouping search may use the warm start's time up to WARM_START_IMPROVE_S (it stops
+            # earlier at a local optimum): a better incumbent is worth more here than its step count's determinism
+            improve = min(budget, WARM_START_IMPROVE_S)
             res = solve(problem, name, seed=seed, profile=profile, time_limit=budget,
-                        options={"regroup_evals": WARM_START_REGROUP_EVALS})
+                        options={"regroup_evals": WARM_START_REGROUP_EVALS, "improve_s": improve})
             if res.plan is not None and res.evaluation is not None and res.evaluation.feasible:
                 plans.append(res.plan)
                 if unfinished is not None and res.params.get("regroup_stopped") == "time":
@@ -121,9 +125,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 options: dict[str, Any] | None = None) -> SolveResult:
     """Run the exact method with ``backend``.
 
-    Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics hints the
-    model and cuts off worse plans; where hexiscale's grouping search ran out of the warm-start
-    budget and the fluid search runs in a child, it goes on here meanwhile, ``params['regroup_more']``;
+    Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics, each given 25 %
+    of the limit, hints the model and cuts off worse plans; where hexiscale's grouping search ran out of
+    its min(10 s, 25 %) and the fluid search runs in a child, it goes on here meanwhile, ``params['regroup_more']``;
     with the child, plans of identical pipelines are first listed here beyond hexiscale's step budget
     for ``symmetric_more_s`` seconds (default min(10 s, 10 % of the limit); False: not at all),
     ``params['symmetric_more']``),
@@ -167,7 +171,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                                 f"{problem.model.name}; see `hexhelix gpus` for capacities")
     best: tuple[Plan, Evaluation] | None = None
     unfinished: list[Plan] = []  # hexiscale's plan when its grouping search ran out of the warm-start budget
-    for plan in _warm_start_plans(problem, seed, profile, opts, budget=min(10.0, 0.25 * limit), unfinished=unfinished):
+    for plan in _warm_start_plans(problem, seed, profile, opts, budget=WARM_START_SHARE * limit, unfinished=unfinished):
         ev = evaluate(plan, profile)
         if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
             best = (plan, ev)

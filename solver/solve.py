@@ -44,7 +44,7 @@ METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
                   "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share", "symmetric_more_s"}
-_HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals"}}
+_HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals", "improve_s"}}
 
 
 def _resolve(method: str) -> Callable[..., SolveResult]:
@@ -70,7 +70,8 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
     ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``symmetric_more_s``, ``max_model_rows``,
     ``export_model``); heuristics get seed, profile and time limit, and hexiscale
-    ``regroup_evals`` (its phase-1 local search's budget). A heuristic module that is not
+    ``regroup_evals`` (its phase-1 local search's budget) and ``improve_s`` (when that search and the
+    final polish stop). A heuristic module that is not
     installed yields status ``error`` with the reason.
     A time limit that is not a positive number of seconds is bad input (:class:`InvalidInputError`).
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
@@ -104,3 +105,22 @@ def test_the_search_goes_on_from_a_plan_to_the_same_local_optimum(examples_dir):
     assert plan_hexiscale(pb).params["regroup_stopped"] == "local optimum"
     cut = regroup_more(start.plan, deadline=time.perf_counter() - 1)     # out of time before the first grouping
     assert cut.stopped == "time" and cut.scored == 0 and cut.plan is start.plan
+
+
+def test_improve_s_ends_the_search_and_the_polish_but_not_the_sweep(examples_dir):
+    """``improve_s`` = 0: the sweep over pipeline counts runs as before (not truncated, same winner)
+    while the grouping search stops for time before its first grouping, so the plan is the sweep's
+    winner, unpolished; the exact planner's warm start uses it to give a large cluster's sweep its
+    share of the limit while the improvement keeps to 10 s. Not a number of seconds >= 0: bad input."""
+    from hexhelix.ir.errors import InvalidInputError
+    from hexhelix.solver.solve import solve
+
+    pb = _problem(examples_dir)
+    full = plan_hexiscale(pb, time_limit=60.0)
+    cut = solve(pb, "hexiscale", time_limit=60.0, options={"improve_s": 0.0})
+    assert not cut.params["truncated"] and cut.params["candidates_tried"] == full.params["candidates_tried"]
+    assert cut.params["regroup_stopped"] == "time" and cut.params["regrouped"] == 0
+    assert cut.iteration_time_s == cut.params["before_polish_s"] > full.iteration_time_s
+    for bad in (-1.0, float("nan"), True, "5"):
+        with pytest.raises(InvalidInputError, match="improve_s"):
+            plan_hexiscale(pb, improve_s=bad)
