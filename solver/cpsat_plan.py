@@ -101,7 +101,9 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     bound = solver.best_objective_bound if status in ("optimal", "timeout") else None
     if status == "optimal":
         bound = obj
-    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log="\n".join(lines))
+    searched = min(solver.wall_time, solver.parameters.max_time_in_seconds)  # the rest is this call's fixed cost
+    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log="\n".join(lines),
+                          overhead_s=max(0.0, time.monotonic() - t0 - searched))
 
 
 def plan_cpsat(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,

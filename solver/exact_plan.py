@@ -59,18 +59,20 @@ WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
-# a backend call costs seconds beyond its search whatever its limit (the model handed over, presolve): gen-64's
-# CP-SAT models of P = 4 and 8 (172,032 and 344,064 size units below) took 0.8 and 1.2 s to build and 2.0-2.4
-# and 4.0-4.4 s per call at limits <= 1 s (2026-12-06, this 2-core machine); no call starts that this would
-# carry past the time left
-CALL_S_PER_SIZE, BUILD_S_PER_SIZE = 1.3e-5, 4.5e-6
+# a backend call costs seconds beyond its search whatever its limit (building the model, handing it over,
+# presolve), and the node-pair terms P*K*nodes^2 of a P-model set it: 3.0 / 5.4 s to build and call at limits
+# <= 1 s for gen-64's P = 4 / 8 (8,192 / 16,384 terms), 2.9 / 4.9 s for gen-128's P = 1 / 2 (8,192 / 16,384),
+# 9.7 / 15.4 s for gen-256's P = 1 / 2 (32,768 / 65,536; 2026-12-06, this 2-core machine). A model not built yet
+# is charged that before it is built; a built one what its calls took
+BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
 
-def _fixed_cost_s(size: int, built: bool) -> float:
-    """Seconds a backend call of a P-model of ``size`` costs beyond its search, and its build when not built."""
-    return size * (CALL_S_PER_SIZE if built else CALL_S_PER_SIZE + BUILD_S_PER_SIZE)
+def _unbuilt_cost_s(terms: int) -> float:
+    """Seconds to build a P-model of ``terms`` node-pair terms and make its first backend call, beyond
+    that call's search."""
+    return terms * BUILD_AND_CALL_S_PER_TERM
 
 
 def min_gpus_per_pipeline(tables: CostTables) -> int:
@@ -286,7 +288,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     max_rows = int(opts.get("max_model_rows", 400_000))
     models_exported = False
     seen: dict[int, set[tuple[int, ...]]] = {}
-    overrun: dict[int, float] = {}  # P -> the most seconds a backend call of its model ran past its limit
+    fixed: dict[int, float] = {}  # P -> the most seconds a backend call of its model took beyond its search
     def model_passes(until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
         time to ``until``, until all are proven or the time is up."""
@@ -308,8 +310,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 p_deadline = time.monotonic() + remaining / (len(todo) - idx)
                 ub = best[1].iteration_time_s if best else None
                 K = max(1, min(L, N - (P - 1) * gmin))
-                size = P * K * len(tables.options) * (8 + K) + P * K * len(problem.cluster.nodes) ** 2
-                need = max(overrun.get(P, 0.0), _fixed_cost_s(size, P in models))
+                terms = P * K * len(problem.cluster.nodes) ** 2
+                size = P * K * len(tables.options) * (8 + K) + terms
+                need = fixed.get(P, 0.0) if P in models else _unbuilt_cost_s(terms)
                 if need >= p_deadline - time.monotonic() and size <= max_rows:
                     if need >= remaining:
                         continue  # its fixed cost alone would outlast the pass: a later pass may have more time
@@ -334,12 +337,12 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 hint = pm.encode(best[0]) if best else None
                 while True:
                     left = p_deadline - time.monotonic()
-                    if left <= max(0.05, overrun.get(P, 0.0), _fixed_cost_s(size, True)):  # its fixed cost would outlast it
+                    if left <= max(0.05, fixed.get(P, 0.0)):  # its fixed cost alone would outlast it
                         break
                     # a fluid child that has answered may prove this P: stop the solve to take it in
                     t_call = time.monotonic()
                     out = backend(pm.lin, left, hint, lambda: job is not None and job.ready())
-                    overrun[P] = max(overrun.get(P, 0.0), time.monotonic() - t_call - left)
+                    fixed[P] = max(fixed.get(P, 0.0), out.overhead_s, time.monotonic() - t_call - left)
                     attempted = True
                     iterations += 1
                     if out.log:

@@ -27,13 +27,16 @@ class BackendOutcome:
 
     ``status``: "optimal" (proven), "timeout" (limit hit; ``values`` is the incumbent or None),
     "feasible" (stopped otherwise, not proven), "infeasible" (proven) or "error".
-    ``bound`` is the backend's proven lower bound on the objective (None when it gives none)."""
+    ``bound`` is the backend's proven lower bound on the objective (None when it gives none).
+    ``overhead_s``: seconds the call took beyond its search within the limit (handing the model
+    over, presolve past the limit), where the backend can tell (0 where it cannot)."""
 
     status: str
     values: list[float] | None
     objective: float | None
     bound: float | None
     log: str = ""
+    overhead_s: float = 0.0
 
 
 @dataclass

@@ -402,11 +402,11 @@ def test_compare_starts_the_exact_solvers_from_the_best_heuristic_plan(examples_
 def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_time_left(monkeypatch) -> None:
     """A backend whose every call costs 0.3 s beyond its search (at most 0.2 s), as handing a large
     model over and presolve do (~4 s per call for gen-64's P = 8 CP-SAT model, whatever its limit),
-    and a planner that knows it: no call starts with 0.3 s left or less, so the solve ends within
-    its limit instead of one such cost past it."""
+    and says so (``overhead_s``, as CP-SAT's calls do): no call starts with 0.3 s left or less, so the
+    solve ends within its limit instead of one such cost past it."""
     from hexhelix.solver import exact_plan
 
-    monkeypatch.setattr(exact_plan, "_fixed_cost_s", lambda size, built: 0.3)
+    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", lambda terms: 0.3)
     calls: list[float] = []  # seconds each call was given
 
     def slow(lin: LinearModel, seconds: float, hint, interrupt) -> object:
@@ -414,7 +414,8 @@ def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_tim
         out = solve_cpsat_model(lin, time_limit=seconds, hint=hint)
         time.sleep(max(0.0, t + min(seconds, 0.2) + 0.3 - time.monotonic()))
         calls.append(seconds)
-        return dataclasses.replace(out, status="timeout", bound=None)  # never proven: the passes go on
+        # never proven, so the passes go on; the 0.3 s are the call's own, as CP-SAT reports its hand-over
+        return dataclasses.replace(out, status="timeout", bound=None, overhead_s=out.overhead_s + 0.3)
 
     t0 = time.monotonic()
     res = exact_plan.solve_exact(make_problem(gpus=(3, 3), layers=6, gb=8), slow, solver="cpsat", time_limit=6.0,
