@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 from hexhelix.ir.errors import InvalidInputError, UnsupportedError
 from hexhelix.ir.opgraph import OpClass
 from hexhelix.ir.plan import PlanProblem, StagePlan
@@ -223,16 +224,16 @@ class CostTables:
             out[a] = [lk for lk in every if cost.link_order(lk) <= top]
         return out
 
+    def layer_rates(self) -> np.ndarray:
+        """Per node, the best layer-micro-batches per second one of its GPUs works: max_t 1/(t·τ_{n,t})."""
+        return np.array([max((1.0 / (o.tp * self.time_layer[o.index]) for o in self.options if o.node == n),
+                             default=0.0) for n in range(len(self.problem.cluster.nodes))])
+
     def gpu_rate_bound(self) -> float:
         """Seconds: the total-work bound on the slowest pipeline, M·L layer-micro-batches over the
         cluster's best layer rate Σ_n G_n · max_t 1/(t·τ_{n,t}) (valid inequality: each stage of a
         pipeline with m micro-batches works m·ℓ·τ seconds, within the pipeline time)."""
-        cl = self.problem.cluster
-        rate = 0.0
-        for n, node in enumerate(cl.nodes):
-            per_gpu = max((1.0 / (o.tp * self.time_layer[o.index]) for o in self.options if o.node == n),
-                          default=0.0)
-            rate += node.count * per_gpu
+        rate = float(self.layer_rates() @ np.array([node.count for node in self.problem.cluster.nodes], dtype=float))
         return self.micro_batches * self.layers / rate if rate > 0 else math.inf
 
 

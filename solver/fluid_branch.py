@@ -355,6 +355,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                                                              else share)),
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
+                                   rate_first=leaf.result.iterations == 0,  # a root's first run
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
                                    w_cap=c_whi, exact_whole=exact or (whole and leaf.result.exact))
             stats.nodes += 1
