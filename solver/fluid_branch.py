@@ -222,6 +222,10 @@ def _last_split(tables: CostTables, leaf: _Leaf, upper_s: float,
 
 
 JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
+# from here on a root's first certificate is at rate multipliers (fluid_bound.RATE_SHARE): gen-256 / 512, fluid
+# search alone 60 s: 1.212 -> 2.278 / 0.248 -> 2.086 s; at 8-64 GPUs no gain (goal run 2026-12-06 08:37 UTC:
+# gen-16 lost its proof within 120 s, mixed-a100-a40-t4 8.239 -> 8.222 s; 60 s alone 8.1855 -> 8.1814 s)
+RATE_FIRST_MIN_GPUS = 128
 
 
 def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
@@ -276,6 +280,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
     penalties: dict[int, np.ndarray] = {}
     tie = 0
     exact_pricing = pricer_for(tables).engine == "jit"  # the labels of an exact whole-batch phase are compiled only
+    big = tables.problem.cluster.num_gpus >= RATE_FIRST_MIN_GPUS  # roots start at rate multipliers (fluid_bound)
 
     def floor_of(lo: int, hi: int) -> float:
         return min(bounds[q] for q in range(lo, hi + 1))
@@ -355,7 +360,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                                                              else share)),
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
-                                   rate_first=leaf.result.iterations == 0,  # a root's first run
+                                   rate_first=leaf.result.iterations == 0 and big,  # a root's first run
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
                                    w_cap=c_whi, exact_whole=exact or (whole and leaf.result.exact))
             stats.nodes += 1
