@@ -54,7 +54,7 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 EXACT_SHARE_SPLIT = 0.02
 WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm start: bounded by its budget
 # the heuristics' share of the time limit; hexiscale's sweep over pipeline counts may use all of it (512 GPUs:
-# ~23 s; cut at 10 s it ended at 3.2-3.3 s against 2.947 s), its grouping search and polish stop at 10 s
+# ~23 s; cut at 10 s it ended at 3.146 s against 2.947 s), its grouping search and polish stop at 10 s
 WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child

@@ -421,7 +421,7 @@ DP_RAISE = 8
 LEAST_COUNT = True  # a run for plans of P_lo … P_hi pipelines has Σ x ≥ P_lo too (Σ x = P for one P)
 ESCALATE_EXACT = True  # a whole-batch certificate whose Lagrangian boxes stop unclosed: price them exactly
 SLACK_PRICING = True  # a short master whose capped duals price nothing new prices at the slack's once
-# a fresh run's first certificate at multipliers proportional to each GPU's layer rate, π·G = this share of M:
+# ``rate_first``: a certificate at multipliers proportional to each GPU's layer rate, π·G = this share of M:
 # where column generation converges slowly its first duals prove little (gen-512, P = 74..85: 0.248 s against
 # 2.343 s at share 0.9; shares 0.5 / 0.8 / 0.95 / 1.0 / 1.2: 1.79 / 2.26 / 2.35 / 2.34 / 1.96 s, 2026-12-06)
 RATE_SHARE = 0.9
