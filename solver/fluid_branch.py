@@ -378,6 +378,11 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                     ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
+    for lf in sorted(heap)[:3] if logger.isEnabledFor(logging.DEBUG) else ():  # where the bound is held
+        logger.debug("open leaf P=%d..%d %.6g s depth %d: visit %s, %d local, %d spread, W (%.4g, %.4g]; master %s",
+                     lf.lo, lf.hi, lf.bound, lf.depth, sorted(lf.locality.visit), len(lf.locality.local),
+                     len(lf.locality.spread), lf.w_lo, lf.w_hi,
+                     "; ".join(f"{x:.3g} x {sh.stages}" for sh, x in lf.result.solution))
     for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf
         bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper))
         bounds[P] = min(bounds[P], upper)
