@@ -226,6 +226,7 @@ JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incu
 # search alone 60 s: 1.212 -> 2.278 / 0.248 -> 2.086 s; at 8-64 GPUs no gain (goal run 2026-12-06 08:37 UTC:
 # gen-16 lost its proof within 120 s, mixed-a100-a40-t4 8.239 -> 8.222 s; 60 s alone 8.1855 -> 8.1814 s)
 RATE_FIRST_MIN_GPUS = 128
+RANGE_RATE_FIRST = True
 
 
 def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
@@ -360,7 +361,8 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                                                              else share)),
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
-                                   rate_first=leaf.result.iterations == 0 and big,  # a root's first run
+                                   # a root's first run, and a range's children (narrower: stronger rates)
+                                   rate_first=big and (leaf.result.iterations == 0 or (RANGE_RATE_FIRST and kind == "range")),
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
                                    w_cap=c_whi, exact_whole=exact or (whole and leaf.result.exact))
             stats.nodes += 1

@@ -914,17 +914,31 @@ def test_the_masters_root_takes_an_lp_value_a_rounding_short_of_the_batch_for_th
 def test_a_first_certificate_at_rate_multipliers_stays_below_every_plan_of_its_pipeline_count(seed: int) -> None:
     """``rate_first``: before any master is solved, one certificate at multipliers proportional to each
     GPU's layer rate — any multipliers give a valid bound, so for every P it stays at or below the best
-    enumerated plan with P pipelines (the search's roots start this way from 128 GPUs on)."""
+    enumerated plan with P pipelines, and for a range lo … hi (floors of lo replicas, Σ x ≤ hi) below
+    the best plan of any P in it (the search's roots and range children start this way from 128 GPUs
+    on)."""
     rng = random.Random(100 + seed)
     pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(1, 3)), mem=(4, 4), gb=rng.randint(3, 6), seq=1024,
                       layers=rng.randint(2, 4), inter=rng.choice([1.0, 5.0]), tflops=(100.0, rng.choice([40.0, 90.0])))
     best = best_per_pipeline_count(pb)
     tables = build_tables(pb)
-    for P, t in best.items():
-        rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
-        fr = fluid_lower_bound(tables, pmax=P, replicas=P, rest_s=rest, upper_s=2 * t, max_iterations=0,
+    for lo, hi in itertools.combinations_with_replacement(sorted(best), 2):
+        t = min(v for P, v in best.items() if lo <= P <= hi)
+        rest = sync_lower_bound(tables, lo) + optimizer_lower_bound(tables, lo)
+        fr = fluid_lower_bound(tables, pmax=hi, replicas=lo, rest_s=rest, upper_s=2 * t, max_iterations=0,
                                rate_first=True)
-        assert fr.lb_s <= t * (1 + 1e-9), (P, fr.lb_s, t)
+        assert fr.lb_s <= t * (1 + 1e-9), (lo, hi, fr.lb_s, t)
+
+
+def test_a_search_whose_roots_and_ranges_start_at_rate_multipliers_stays_below_every_plan(monkeypatch) -> None:
+    """With rate multipliers first on every cluster (the search does so from 128 GPUs on: each root's
+    first run and each range's children), the bound per P stays below the best enumerated plan."""
+    monkeypatch.setattr(fluid_branch, "RATE_FIRST_MIN_GPUS", 1)
+    for seed in range(3):
+        rng = random.Random(200 + seed)
+        assert_each_pipeline_counts_bound_below_its_best_plan(make_problem(
+            gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(3, 6), seq=1024,
+            layers=rng.randint(2, 3), inter=rng.choice([1.0, 5.0]), tflops=(100.0, rng.choice([40.0, 90.0]))))
 
 
 def test_rate_multipliers_prove_more_than_the_total_work_bound_before_any_master() -> None:
