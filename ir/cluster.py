@@ -16,7 +16,6 @@ Bandwidths are GB/s (1e9 bytes/s) per direction; latencies are microseconds.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import networkx as nx
 
 from .catalog import GpuType, lookup_gpu
+from .checks import finite_number
 from .errors import InvalidInputError
 
 __all__ = ["Cluster", "Device", "Link", "Node", "load_cluster", "read_structured_file"]
@@ -182,7 +182,7 @@ class Cluster:
 
 # --------------------------------------------------------------------------- parsing helpers
 def _num(value: Any, field: str, *, positive: bool = True, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not finite_number(value):
         raise InvalidInputError(f"must be a finite number, got {value!r}", field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise InvalidInputError(f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}", field=field)

@@ -36,12 +36,11 @@ by ``a``; a class not listed uses 1 and 1.
 from __future__ import annotations
 
 import json
-import math
-import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checks import finite_number
 from .errors import InvalidInputError
 
 __all__ = ["DEFAULT_PROFILE", "PROFILE_SCHEMA", "Profile", "load_profile"]
@@ -147,11 +146,6 @@ class Profile:
             raise (err.with_source(source) if source else err) from None
 
 
-def _is_num(v: Any) -> bool:
-    """A finite real number (numpy scalars included), not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _check_shapes(p: Profile) -> None:
     """Types of every field, so a hand-edited profile fails with its field named, not a TypeError."""
     for name in ("efficiency", "per_gpu_efficiency", "gpu_overrides", "links", "oef", "meta"):
@@ -162,18 +156,18 @@ def _check_shapes(p: Profile) -> None:
             if not isinstance(table, dict):
                 raise InvalidInputError("must be a mapping", field=f"{name}.{gpu}")
             for k, v in table.items():
-                if not _is_num(v) or v <= 0:
+                if not finite_number(v) or v <= 0:
                     raise InvalidInputError(f"must be a positive number, got {v!r}", field=f"{name}.{gpu}.{k}")
     for name, table in (("efficiency", p.efficiency), ("oef", p.oef)):
         for k, v in table.items():
-            if not _is_num(v):
+            if not finite_number(v):
                 raise InvalidInputError(f"must be a number, got {v!r}", field=f"{name}.{k}")
-    if not _is_num(p.link_efficiency):
+    if not finite_number(p.link_efficiency):
         raise InvalidInputError(f"must be a number, got {p.link_efficiency!r}", field="link_efficiency")
     if not isinstance(p.attention_scores_saved, bool):
         raise InvalidInputError(f"must be true or false, got {p.attention_scores_saved!r}",
                                 field="attention_scores_saved")
-    if not _is_num(p.runtime_reserve_bytes) or p.runtime_reserve_bytes < 0:
+    if not finite_number(p.runtime_reserve_bytes) or p.runtime_reserve_bytes < 0:
         raise InvalidInputError(f"must be a non-negative number of bytes, got {p.runtime_reserve_bytes!r}",
                                 field="runtime_reserve_bytes")
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hexhelix.ir.checks import finite_number
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import Plan, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
@@ -150,7 +151,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     """
     opts = dict(options or {})
     slot = opts.get("symmetric_more_s", True)  # seconds for identical pipelines beside the fluid child
-    if not (isinstance(slot, bool) or (isinstance(slot, (int, float)) and math.isfinite(slot) and slot >= 0)):
+    if not isinstance(slot, bool) and not (finite_number(slot) and slot >= 0):
         raise InvalidInputError(f"must be seconds >= 0, True (the default share) or False (off), got {slot!r}",
                                 field="symmetric_more_s")
     t0 = time.monotonic()

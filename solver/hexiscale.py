@@ -59,6 +59,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 import networkx as nx
+from hexhelix.ir.checks import check_seconds
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
@@ -560,9 +561,8 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     if isinstance(regroup_evals, bool) or not isinstance(regroup_evals, int) or regroup_evals < 0:
         raise InvalidInputError(f"must be a whole number of groupings >= 0 (0 turns the search off), "
                                 f"got {regroup_evals!r}", field="regroup_evals")
-    if improve_s is not None and not (isinstance(improve_s, (int, float)) and not isinstance(improve_s, bool)
-                                      and math.isfinite(improve_s) and improve_s >= 0):
-        raise InvalidInputError(f"must be a number of seconds >= 0, got {improve_s!r}", field="improve_s")
+    if improve_s is not None:
+        check_seconds(improve_s, "improve_s")
     t0 = time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     improve_until = deadline if improve_s is None else t0 + improve_s if deadline is None else min(deadline, t0 + improve_s)

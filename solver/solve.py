@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hexhelix.ir.checks import check_seconds
 from hexhelix.ir.errors import InvalidInputError, SolverError
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
@@ -57,9 +58,8 @@ def _resolve(method: str) -> Callable[..., SolveResult]:
 
 def check_time_limit(time_limit: float | None) -> None:
     """A time limit is None (the method's default) or a positive, finite number of seconds."""
-    if time_limit is not None and not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit)
-                                       and time_limit > 0):
-        raise InvalidInputError(f"must be a positive number of seconds, got {time_limit!r}", field="--time-limit")
+    if time_limit is not None:
+        check_seconds(time_limit, "--time-limit", positive=True)
 
 
 def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
