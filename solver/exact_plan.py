@@ -70,10 +70,10 @@ BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
 
-def _unbuilt_cost_s(terms: int) -> float:
+def _unbuilt_cost_s(terms: int, per_term_s: float = BUILD_AND_CALL_S_PER_TERM) -> float:
     """Seconds to build a P-model of ``terms`` node-pair terms and make its first backend call, beyond
-    that call's search."""
-    return terms * BUILD_AND_CALL_S_PER_TERM
+    that call's search (``per_term_s``: the backend's rate)."""
+    return terms * per_term_s
 
 
 def min_gpus_per_pipeline(tables: CostTables) -> int:
@@ -125,8 +125,11 @@ def _warm_start_plans(problem: PlanProblem, seed: int, profile: Profile, options
 
 def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: int = 0,
                 profile: Profile = DEFAULT_PROFILE, time_limit: float | None = None,
-                options: dict[str, Any] | None = None) -> SolveResult:
-    """Run the exact method with ``backend``.
+                options: dict[str, Any] | None = None,
+                build_s_per_term: float = BUILD_AND_CALL_S_PER_TERM) -> SolveResult:
+    """Run the exact method with ``backend``; ``build_s_per_term``: its seconds per node-pair term to
+    build a P-model and make the first call beyond the search (a model that would not fit the time
+    left is not built: :data:`BUILD_AND_CALL_S_PER_TERM` for CP-SAT, more through PuLP).
 
     Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics, each given 25 %
     of the limit, hints the model and cuts off worse plans; where hexiscale's grouping search ran out of
@@ -313,7 +316,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
                 K = max(1, min(L, N - (P - 1) * gmin))
                 terms = P * K * len(problem.cluster.nodes) ** 2
                 size = P * K * len(tables.options) * (8 + K) + terms
-                need = fixed.get(P, 0.0) if P in models else _unbuilt_cost_s(terms)
+                need = fixed.get(P, 0.0) if P in models else _unbuilt_cost_s(terms, build_s_per_term)
                 if need >= p_deadline - time.monotonic() and size <= max_rows:
                     if need >= remaining:
                         continue  # its fixed cost alone would outlast the pass: a later pass may have more time

@@ -224,8 +224,10 @@ def _last_split(tables: CostTables, leaf: _Leaf, upper_s: float,
 JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incumbent separates ranges of P
 # from here on a root's first certificate is at rate multipliers (fluid_bound.RATE_SHARE): gen-256 / 512, fluid
 # search alone 60 s: 1.212 -> 2.278 / 0.248 -> 2.086 s; at 8-64 GPUs no gain (goal run 2026-12-06 08:37 UTC:
-# gen-16 lost its proof within 120 s, mixed-a100-a40-t4 8.239 -> 8.222 s; 60 s alone 8.1855 -> 8.1814 s)
-RATE_FIRST_MIN_GPUS = 128
+# gen-16 lost its proof within 120 s, mixed-a100-a40-t4 8.239 -> 8.222 s; 60 s alone 8.1855 -> 8.1814 s);
+# gen-128 loses too (60 s alone 2.6880 -> 2.6786 s; one 15 s solve 2.5961 -> 2.3048 s and a worse plan), gen-256
+# at 15 s gains (bound 1.7225 -> 2.2299 s)
+RATE_FIRST_MIN_GPUS = 256
 RANGE_RATE_FIRST = True
 
 

@@ -127,6 +127,7 @@ def quiet_stdout() -> Iterator[None]:
 
 
 _CBC_BOUND = re.compile(r"(?:Lower bound|Best possible|best possible)[:\s]+(-?[0-9.eE+]+)")
+_CBC_WALL = re.compile(r"Total time \(CPU seconds\):.*\(Wallclock seconds\):\s+([0-9.eE+]+)")
 
 
 CBC_GRACE_S = 2.0  # CBC overruns its own -sec (root LP, MIP start: 32 s at -sec 1 on a 31k-row model)
@@ -183,7 +184,9 @@ def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
     """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
-    (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line)."""
+    (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line). ``overhead_s``:
+    the call's seconds beyond the solver's own run within its limit (building the PuLP model and
+    handing it over: ~7–9 µs per nonzero, 13 s on hexiscale-het3's six-pipeline model)."""
     import pulp
 
     if backend not in BACKENDS:
@@ -197,9 +200,12 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
     text = ""
     if backend == "cbc":
         failed, text = _run_cbc(prob, hint=bool(hint), seconds=tl, seed=seed, gap_rel=gap_rel)
+        wall = _CBC_WALL.findall(text)
+        searched = min(tl, float(wall[-1])) if wall else tl  # CBC's own run (killed: none reported)
         if failed:  # no solution file: stopped (by its limit or by us at the deadline) before one, or broke
             status = "timeout" if failed == "time" else "error"
-            return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "")
+            return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "",
+                                  overhead_s=max(0.0, time.monotonic() - t0 - searched))
         status = map_cbc_status(prob.status, prob.sol_status)
         has = prob.sol_status in (1, 2)
         obj = pulp.value(prob.objective) if has else None
@@ -225,6 +231,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
         finally:
             os.unlink(path)
         h = prob.solverModel
+        searched = min(tl, h.getRunTime())
         info = h.getInfo()
         has = info.primal_solution_status == 2
         status = map_highs_status(str(h.getModelStatus()), has)
@@ -238,7 +245,15 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
               if has else None)
     obj = obj * TIME_UNIT if obj is not None else None
     bound = bound * TIME_UNIT if bound is not None else None
-    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log=text if log else "")
+    return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log=text if log else "",
+                          overhead_s=max(0.0, time.monotonic() - t0 - searched))
+
+
+# building a P-model and its first call through PuLP, beyond the solver's search, per node-pair term
+# P*K*nodes^2 (exact_plan.BUILD_AND_CALL_S_PER_TERM for CP-SAT: 3.3e-4): HiGHS / CBC at a 0.5 s limit
+# 1.04 / 1.15 ms on gen-64's P = 4, 1.12 / 1.09 ms on hexiscale-het3's P = 6, 1.14 / 1.54 ms on its P = 2,
+# 1.92 ms (HiGHS) on hexiscale-het1's P = 4 (2026-12-06, this 2-core machine; CP-SAT 0.30-0.42 ms there)
+PULP_BUILD_AND_CALL_S_PER_TERM = 2.0e-3
 
 
 def plan_milp(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
@@ -256,4 +271,5 @@ def plan_milp(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT
                                 log=options.get("log", False))
 
     return solve_exact(problem, run, solver=f"milp-{backend}", seed=seed, profile=profile,
-                       time_limit=time_limit, options={**options, "backend": backend})
+                       time_limit=time_limit, options={**options, "backend": backend},
+                       build_s_per_term=PULP_BUILD_AND_CALL_S_PER_TERM)

@@ -29,7 +29,7 @@ class BackendOutcome:
     "feasible" (stopped otherwise, not proven), "infeasible" (proven) or "error".
     ``bound`` is the backend's proven lower bound on the objective (None when it gives none).
     ``overhead_s``: seconds the call took beyond its search within the limit (handing the model
-    over, presolve past the limit), where the backend can tell (0 where it cannot)."""
+    over, presolve past the limit), as the backend reports it (0 where it cannot tell)."""
 
     status: str
     values: list[float] | None

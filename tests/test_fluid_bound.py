@@ -915,7 +915,7 @@ def test_a_first_certificate_at_rate_multipliers_stays_below_every_plan_of_its_p
     """``rate_first``: before any master is solved, one certificate at multipliers proportional to each
     GPU's layer rate — any multipliers give a valid bound, so for every P it stays at or below the best
     enumerated plan with P pipelines, and for a range lo … hi (floors of lo replicas, Σ x ≤ hi) below
-    the best plan of any P in it (the search's roots and range children start this way from 128 GPUs
+    the best plan of any P in it (the search's roots and range children start this way from 256 GPUs
     on)."""
     rng = random.Random(100 + seed)
     pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(1, 3)), mem=(4, 4), gb=rng.randint(3, 6), seq=1024,
@@ -931,7 +931,7 @@ def test_a_first_certificate_at_rate_multipliers_stays_below_every_plan_of_its_p
 
 
 def test_a_search_whose_roots_and_ranges_start_at_rate_multipliers_stays_below_every_plan(monkeypatch) -> None:
-    """With rate multipliers first on every cluster (the search does so from 128 GPUs on: each root's
+    """With rate multipliers first on every cluster (the search does so from 256 GPUs on: each root's
     first run and each range's children), the bound per P stays below the best enumerated plan."""
     monkeypatch.setattr(fluid_branch, "RATE_FIRST_MIN_GPUS", 1)
     for seed in range(3):

@@ -399,6 +399,41 @@ def test_compare_starts_the_exact_solvers_from_the_best_heuristic_plan(examples_
     assert cpsat.bound_s is not None and cpsat.bound_s <= cpsat.iteration_time_s
 
 
+@pytest.mark.parametrize("backend", ["highs", "cbc"])
+def test_a_milp_call_reports_the_seconds_it_spent_beyond_its_solver_run(backend: str) -> None:
+    """CBC and HiGHS run through PuLP, whose model building and hand-over cost seconds outside the
+    solver's limit (13 s on hexiscale-het3's six-pipeline model at any limit): the call reports them
+    (``overhead_s``), so the exact planner does not start a call whose overhead outlasts the time left;
+    the rest of the call's wall time is the solver's own run, within its limit."""
+    pb = make_problem(gpus=(3, 3), layers=6, gb=8)
+    lin = build_plan_model(build_tables(pb), 3, 4, 1000.0).lin
+    t = time.monotonic()
+    out = solve_milp_model(lin, backend=backend, time_limit=2.0)
+    wall = time.monotonic() - t
+    assert 0.0 < out.overhead_s <= wall
+    assert wall - out.overhead_s <= 2.0 + 0.05
+
+
+def test_the_milp_planner_charges_an_unbuilt_model_the_pulp_rate(monkeypatch) -> None:
+    """Before a P-model is built, the exact planner charges its build and first call at the backend's
+    rate per node-pair term: several times CP-SAT's through PuLP (milp_plan.PULP_BUILD_AND_CALL_S_PER_TERM)."""
+    from hexhelix.solver import exact_plan, milp_plan
+
+    rates: list[float] = []
+
+    def record(terms: int, per_term_s: float = exact_plan.BUILD_AND_CALL_S_PER_TERM) -> float:
+        rates.append(per_term_s)
+        return 0.0
+
+    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", record)
+    pb = make_problem()
+    opts = {"fluid_bound": False, "shape_bound": False}
+    solve(pb, "milp", time_limit=5.0, options={**opts, "backend": "highs"})
+    solve(pb, "cpsat", time_limit=5.0, options=opts)
+    assert milp_plan.PULP_BUILD_AND_CALL_S_PER_TERM in rates and exact_plan.BUILD_AND_CALL_S_PER_TERM in rates
+    assert milp_plan.PULP_BUILD_AND_CALL_S_PER_TERM >= 3 * exact_plan.BUILD_AND_CALL_S_PER_TERM
+
+
 def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_time_left(monkeypatch) -> None:
     """A backend whose every call costs 0.3 s beyond its search (at most 0.2 s), as handing a large
     model over and presolve do (~4 s per call for gen-64's P = 8 CP-SAT model, whatever its limit),
@@ -406,7 +441,7 @@ def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_tim
     solve ends within its limit instead of one such cost past it."""
     from hexhelix.solver import exact_plan
 
-    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", lambda terms: 0.3)
+    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", lambda terms, per_term_s=0.0: 0.3)
     calls: list[float] = []  # seconds each call was given
 
     def slow(lin: LinearModel, seconds: float, hint, interrupt) -> object:
