@@ -228,7 +228,12 @@ JUMP_SHARE = 0.01  # a jump of the global floor R_P worth this share of the incu
 # gen-128 loses too (60 s alone 2.6880 -> 2.6786 s; one 15 s solve 2.5961 -> 2.3048 s and a worse plan), gen-256
 # at 15 s gains (bound 1.7225 -> 2.2299 s)
 RATE_FIRST_MIN_GPUS = 256
-RANGE_RATE_FIRST = True
+# the children of a range split start there too (narrower ranges: their own least P's floors) while the search
+# has this many seconds left: fluid search alone 60 s, gen-256 2.2779 -> 2.3119 s, gen-512 equal (its one range
+# never converges, so never splits); with less, the certificates take time column generation needs (15 s
+# solves: gen-256 bound 2.147 s against 2.205-2.223 s without, gen-512's plan 3.828 s three times against
+# 3.633 or 3.828 s; with this guard 2.217 s and 3.633 / 3.828 s, as without)
+RANGE_RATE_FIRST_MIN_S = 30.0
 
 
 def _split(rest: dict[int, float], lo: int, hi: int, upper_s: float, few: int = 8) -> list[tuple[int, int]]:
@@ -364,7 +369,8 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                                    rel_tol=rel_tol, pool=leaf.result.shapes or last[-4000:], locality=c_loc,
                                    whole=whole, lb_s=leaf.result.lb_s if again else 0.0,
                                    # a root's first run, and a range's children (narrower: stronger rates)
-                                   rate_first=big and (leaf.result.iterations == 0 or (RANGE_RATE_FIRST and kind == "range")),
+                                   rate_first=big and (leaf.result.iterations == 0 or (
+                                       kind == "range" and deadline - time.monotonic() >= RANGE_RATE_FIRST_MIN_S)),
                                    integral=c_lo == c_hi,  # whole batches pay off for one P, not a range
                                    w_cap=c_whi, exact_whole=exact or (whole and leaf.result.exact))
             stats.nodes += 1
