@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         "",
         f"Median speed-up {median_up:.0f}×. The search in the planner uses the compiled engine wherever numba "
-        "imports (a dependency); the numpy DP stays as its tested oracle (tests/test_fluid_bound.py).",
+        "imports (a dependency); the numpy DP stays as its tested oracle (tests/test_shape_pricing.py).",
         END,
     ])
     print(body)

@@ -42,17 +42,17 @@ a known interval, so S ≥ D(λ) − λ·(an end of it) for each Lagrange multip
 best of those. Each run first converges the fractional master, then continues with the whole one.
 With ``exact_whole`` (the search's last resort for a leaf it cannot branch, :mod:`.fluid_branch`)
 narrow boxes are priced exactly instead, by Pareto labels of (S, π·g) (:mod:`.shape_labels_jit`).
-Reference: the decomposition is the classic Dantzig–Wolfe / Gilmore–Gomory column generation with a
-Lagrangian (Farley-type) bound that is valid at every iteration, not only at convergence.
+The certificate and its box search are :mod:`.fluid_certificate`; the master and the column
+generation are here. Reference: the decomposition is the classic Dantzig–Wolfe / Gilmore–Gomory
+column generation with a Lagrangian (Farley-type) bound that is valid at every iteration, not only at
+convergence.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import highspy
@@ -62,6 +62,7 @@ from hexhelix.ir.plan import Plan
 
 from . import cost
 from .candidates import CostTables
+from .fluid_certificate import DP_CALLS, DP_RAISE, ShapeFloors, certificate
 from .milp_plan import quiet_stdout
 from .shape_pricing import (
     Shape,
@@ -70,10 +71,10 @@ from .shape_pricing import (
     shape_from_stages,
     shape_of_pipeline,
 )
-from .stage_floors import NO_LOCALITY, Locality, StageExtras, fits_visits
+from .stage_floors import NO_LOCALITY, Locality
 
-__all__ = ["FluidResult", "Shape", "certificate", "fluid_lower_bound", "optimizer_lower_bound", "shape_from_stages",
-           "shape_of_pipeline", "sync_lower_bound"]
+__all__ = ["FluidResult", "Shape", "ShapeFloors", "certificate", "fluid_lower_bound", "optimizer_lower_bound",
+           "shape_from_stages", "shape_of_pipeline", "sync_lower_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,32 +115,6 @@ def optimizer_lower_bound(tables: CostTables, pipelines: int = 1) -> float:
     return max(0.0, first, last, heavy)
 
 
-class _Floors:
-    """W of each shape for one (replicas, R, locality): max(R, max_k w_k), cached by stage list
-    (inf for a shape the locality forbids, e.g. one that skips a node every pipeline must use)."""
-
-    def __init__(self, tables: CostTables, replicas: int, rest: float, locality: Locality = NO_LOCALITY,
-                 w_cap: float = math.inf) -> None:
-        self.pr = pricer_for(tables)
-        self.extras: StageExtras = self.pr.extras(replicas, locality)
-        self.rest = rest
-        self.w_cap = w_cap  # the cell's plans have sync + optimizer ≤ w_cap (a W cell of .fluid_branch)
-        self._w: dict[tuple, float] = {}
-
-    def __call__(self, s: Shape) -> float:
-        w = self._w.get(s.stages)
-        if w is None:
-            inside = fits_visits(s.stages, self.extras, self.pr.node_list, self.pr.tp_list)  # visited nodes' rules
-            w = max(self.rest, self.pr.stage_w(s.stages, self.extras)) if inside else math.inf
-            # a W cell leaves out the shapes the pricing DP's w caps exclude (some w_k above the cap);
-            # one over the cap only by its largest sync plus largest optimizer step stays, at its W
-            # (a relaxation: the certificate and the master must see the same shapes to close)
-            if w > self.w_cap and self.pr.stage_w(s.stages, self.extras, joint=False) > self.w_cap:
-                w = math.inf
-            self._w[s.stages] = w
-        return w
-
-
 def _highs() -> highspy.Highs:
     """A silent single-threaded HiGHS: it prints its banner on stdout (would break --json output),
     and its scheduler is process-wide, so a later solve asking for another thread count than the
@@ -157,7 +132,7 @@ class _Master:
     are live (bounds), so the simplex restarts from the last basis instead of from scratch (the
     bisection of :func:`_master_root` solves it ~20 times per iteration)."""
 
-    def __init__(self, caps: list[int], pmax: int, floors: _Floors, pmin: int = 0, penalty: float = 0.0) -> None:
+    def __init__(self, caps: list[int], pmax: int, floors: ShapeFloors, pmin: int = 0, penalty: float = 0.0) -> None:
         self.caps, self.pmax, self.floors = caps, pmax, floors
         self.pmin = pmin  # pmin ≤ Σ x ≤ pmax: the run's plans have at least pmin pipelines
         self.penalty = penalty  # the cost of the row's slack, the model's first column when pmin > 0
@@ -301,7 +276,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     ``lb_s``: a bound already proven for these plans (a resumed run: pricing starts as tight as the
     gap it left, not from scratch). ``w_cap``: only plans whose sync + optimizer time is at most this
     (a W cell of :mod:`.fluid_branch`; shapes whose floor W exceeds it are left out). ``exact_whole``:
-    the whole-batch certificate prices its narrow boxes exactly, by Pareto labels (:func:`certificate`;
+    the whole-batch certificate prices its narrow boxes exactly, by Pareto labels (:func:`.fluid_certificate.certificate`;
     slower per certificate, so the search keeps it for leaves nothing else can raise). ``rate_first``:
     before the first master is solved, one certificate at multipliers proportional to each GPU's layer
     rate (:data:`RATE_SHARE`) — where column generation converges slowly (hundreds of GPUs) its first
@@ -310,7 +285,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     pr = pricer_for(tables)
     M = tables.micro_batches
     caps = [node.count for node in tables.problem.cluster.nodes]
-    floors = _Floors(tables, replicas, rest_s, locality, w_cap)
+    floors = ShapeFloors(tables, replicas, rest_s, locality, w_cap)
     master = _Master(caps, pmax, floors, pmin=replicas if LEAST_COUNT else 0, penalty=float(M))
     master.whole = whole
     for s in pool:
@@ -415,9 +390,6 @@ def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, 
     return hi, lo
 
 
-LAMBDAS = (0.0, 0.5, 1.0, 2.0, 4.0)  # Lagrange multipliers of the box bound, in units of the box's least U
-DP_CALLS = 400  # a certificate's DP calls before it stops unclosed (then doubled, up to DP_RAISE×)
-DP_RAISE = 8
 LEAST_COUNT = True  # a run for plans of P_lo … P_hi pipelines has Σ x ≥ P_lo too (Σ x = P for one P)
 ESCALATE_EXACT = True  # a whole-batch certificate whose Lagrangian boxes stop unclosed: price them exactly
 SLACK_PRICING = True  # a short master whose capped duals price nothing new prices at the slack's once
@@ -425,294 +397,6 @@ SLACK_PRICING = True  # a short master whose capped duals price nothing new pric
 # where column generation converges slowly its first duals prove little (gen-512, P = 74..85: 0.248 s against
 # 2.343 s at share 0.9; shares 0.5 / 0.8 / 0.95 / 1.0 / 1.2: 1.79 / 2.26 / 2.35 / 2.34 / 1.96 s, 2026-12-06)
 RATE_SHARE = 0.9
-LABEL_SPAN = 0.05  # whole-batch boxes with hi ≤ lo·(1 + this) (and their halves) are priced by labels
-
-
-def certificate(tables: CostTables, pi: np.ndarray, mu: float, M: int, pmax: int, top: float,
-                 deadline: float | None, max_dp: int = DP_CALLS, rel: float = 1e-5, *, replicas: int = 1,
-                 rest_s: float = 0.0, locality: Locality = NO_LOCALITY,
-                 whole: bool = False, w_cap: float = math.inf,
-                 exact_whole: bool = False, pmin: int = 0) -> tuple[float, list[Shape], bool]:
-    """T_cert(π, μ) = min over shapes of S + W + U·max(0, π·g + κ), κ = ρ − 1 + μ (or, with ``pmin``
-    pipelines at least and π·G > M, κ = (M − π·G)/pmin − 1), by branch and bound
-    over boxes of (U, max σ, max o); with ``whole``, of S + W + U·max(0, ⌊π·g + κ + 1⌋) over boxes
-    that also cut π·g (:func:`_box_bound`; a box flat in all of them is a Lagrangian bound, so the
-    search stops unclosed) — except, with ``exact_whole`` on the compiled engine, boxes narrow in U
-    (hi ≤ lo·(1 + LABEL_SPAN)) or flat in U, σ and o, whose floor term is then exact (Pareto labels
-    of S and π·g, :meth:`.ShapePricer.solve_whole`): slower, so :func:`fluid_lower_bound` asks for it
-    only once the Lagrangian boxes stop unclosed (and the search for leaves it cannot branch).
-
-    Box U ∈ (lo, hi], max σ ∈ (a, b], max o ∈ (oa, ob]: every shape in it has W ≥ w(box) :=
-    max(R, a⁺ + oa⁺) (its largest sync and its largest optimizer step, :func:`.stage_floors.stage_maxima`)
-    and value ≥ DP(hi, b, ob; lo) + w(box) + min(lo·κ, hi·κ), DP = min S + Σ_k π_n·t·max(lo, u_k) over
-    shapes with every u ≤ hi, σ ≤ b and o ≤ ob (:func:`.stage_floors.sync_tables`; each stage's share
-    of U·π·g at its own time where that exceeds lo: exact for a balanced shape, whose stages all run
-    near U, so the boxes need cutting in U only for unbalanced ones). The two W dimensions let the
-    search close on shapes whose sync and optimizer maxima sit on different stages, which one cap on
-    w = σ + o per stage cannot see (hexiscale-het3: a 4090 stage's sync beside an A100 stage's AdamW
-    step over 25 layers). Returns the proven minimum (the least box bound), the argmin shapes met on
-    the way (new columns) and whether the search closed (least bound within ``rel`` of the best shape
-    found) rather than hit a limit. The box of least bound is cut along the dimension whose
-    relaxation costs its best shape most."""
-    pr = pricer_for(tables)
-    floors = _Floors(tables, replicas, rest_s, locality, w_cap)
-    extras = floors.extras
-    caps = np.array([float(n.count) for n in tables.problem.cluster.nodes])
-    pi_g = float(pi @ caps)
-    A = pi_g + mu * pmax
-    if pmin > 0 and pi_g >= M * (1 - 1e-9):
-        # every plan has ≥ pmin pipelines: κ' = (M − π·G)/pmin < 0 is valid (Σ_p κ' ≤ κ'·pmin)
-        kappa = (M - pi_g) / pmin - 1.0
-    else:
-        if A >= M * (1 - 1e-9):  # at the master's root A = V_R = M: shrink the multipliers (any π, μ ≥ 0 are valid)
-            shrink = M * (1 - 1e-9) / A
-            pi, mu, A = pi * shrink, mu * shrink, M * (1 - 1e-9)
-        # κ' = κ + 1 = (M − π·G)/pmax ≥ 0: μ cancels, so a counted master's free μ (< 0) is harmless here
-        kappa = (M - A) / pmax - 1.0 + mu
-    lo0 = pr.u_floor
-    if top <= lo0:
-        return top, [], True
-    # W ∈ [w0, top]: W = max(R, max_k w_k) ≥ w0 = max(R, least w), and a larger W leaves no time
-    w0 = max(rest_s, _entry_range(extras)[0])
-    w_top = min(top, w_cap)  # plans of a W cell have W ≤ w_cap
-    if w0 > w_top:
-        return top, [], True  # no shape of the cell fits: its plans (none) finish after any time
-    base = pr.sync_tables(extras, math.inf, w_cap)
-    s_lo, s_hi = _entry_range(base)
-    s0 = max(0.0, s_lo)  # no stage syncs in less (nor a shape's largest)
-    s_top = min(w_top, s_hi)  # nor in more
-    o_all = extras.opt if extras.opt is not None else np.zeros(1)
-    o0, o_top = float(o_all.min()) * (1 - 1e-9), min(w_top, float(o_all.max()))
-    u_edges = list(np.geomspace(lo0, top, 9))
-    # (boxes above the largest stage σ or o would repeat the one below: the DP caps only from above)
-    s_edges = [-math.inf, s0] + (list(np.geomspace(s0, s_top, 3)[1:]) if s_top > s0 > 0 else
-                                 [s_top] if s_top > s0 else [])
-    o_edges = [-math.inf, o0] + (list(np.geomspace(o0, o_top, 3)[1:]) if o_top > o0 > 0 else [])
-    o_edges[-1] = math.inf  # (no stage's optimizer part is above o_top: the last box is the base tables)
-    # a box: (lo, hi, a, b, g0, g1, oa, ob) — U, max σ, π·g (whole batches), max o
-    boxes0 = [(u_edges[i], u_edges[i + 1], s_edges[j], s_edges[j + 1], 0.0, math.inf, o_edges[k], o_edges[k + 1])
-              for i in range(len(u_edges) - 1) for j in range(len(s_edges) - 1) for k in range(len(o_edges) - 1)]
-    heap: list[tuple[float, int, tuple[float, ...], Shape]] = []
-    found: dict[tuple, Shape] = {}
-    best_exact = math.inf
-    tie = 0
-    kp = kappa + 1.0 - 1e-9  # κ' a hair low: the whole-batch certificate needs f_s ≤ a_s − ε
-    g_top = float(pi @ caps)  # π·g of a shape never exceeds it
-
-    pgs: dict[tuple[int, ...], float] = {}
-
-    def pg(s: Shape) -> float:  # π·g (remembered by GPU use: shapes share it)
-        v = pgs.get(s.gpus)
-        if v is None:
-            v = pgs[s.gpus] = float(pi @ np.array(s.gpus, dtype=float))
-        return v
-
-    def k_of(s: Shape) -> int:  # whole micro-batches: ⌊π·g + κ'⌋
-        return max(0, math.floor(pg(s) + kp))
-
-    def linear(s: Shape) -> float:  # the fractional certificate's value: best columns for the fractional master
-        return s.total + floors(s) + s.bottleneck * max(0.0, pg(s) + kappa)
-
-    def value(s: Shape) -> float:
-        return s.total + floors(s) + s.bottleneck * k_of(s) if whole else linear(s)
-
-    def w_of(box: tuple[float, ...]) -> float:  # the box's floor on W: least max σ plus least max o
-        return max(rest_s, max(s0, box[2]) + max(o0, box[6]))
-
-    def tables_of(box: tuple[float, ...]) -> StageExtras:
-        return base if box[7] >= o_top else pr.sync_tables(extras, box[7], w_cap)
-
-    # fractional, κ < 0: also S + U·κ ≥ (1 + κ)·S (U ≤ S), so value ≥ (1 + κ)·min[S + Σ π_n·t·max(lo, u)/(1 + κ)]
-    # + W — a box far above its argmin's U (the DP admits every U ≤ hi) is then not charged hi·κ < 0
-    steep = not whole and -1.0 + 1e-12 < kappa < 0.0
-    # fractional, κ ≤ −1 (κ' < 0: Σ x ≥ P_lo): a shape's value is at least S + W (its U term
-    # max(0, π·g + κ)·U ≥ 0), S at least the box's least S (the DP at λ = 0) and U > lo; the linear term
-    # alone says little there. (Admitting only the box's own U > lo in that DP, as the whole-batch boxes
-    # do, closed more tiny certificates but cost hexiscale-het2 0.016 s of bound in 120 s: three solves
-    # each, 7.541 against 7.557 s mean, 2026-12-03 09:45-10:00 UTC.)
-    flat = not whole and kappa <= -1.0 + 1e-12
-    lams = LAMBDAS if whole else (1.0, 1.0 / (1.0 + kappa)) if steep else (1.0, 0.0) if flat else (1.0,)
-    J, one = len(lams), lams.index(1.0)
-    labels = whole and exact_whole and pr.engine == "jit"  # boxes flat in U and W: exact in π·g
-    relaxed = False
-
-    def push_labels(boxes: list[tuple[float, ...]], floor: float) -> None:
-        """Whole batches by Pareto labels: each box's bound is its exact least S + lo·k + w(box)
-        (at least ``floor``, the bound it had); the boxes come back marked exact (g0 = −1)."""
-        nonlocal best_exact, tie, relaxed
-        for ex, group in _by_tables(boxes, tables_of):
-            lows = np.array([b[0] if b[0] > lo0 else -math.inf for b in group])
-            # shapes at or above the best one found (or top) need no label: the certificate is at most its value
-            ubs = np.array([min(top, best_exact) - w_of(b) for b in group])
-            vals, shapes, rx = pr.solve_whole(np.array([b[1] for b in group]), lows, np.array([b[3] for b in group]),
-                                              np.array([b[0] for b in group]), kp, ubs, pi, ex)
-            relaxed = relaxed or rx
-            for i, box in enumerate(group):
-                s = shapes[i]
-                if s is None:
-                    continue
-                tie += 1
-                heapq.heappush(heap, (max(floor, float(vals[i]) + w_of(box)), tie,
-                                      (*box[:4], -1.0, math.inf, *box[6:]), s))
-                exact = value(s)
-                if exact < best_exact:
-                    best_exact = exact
-                found.setdefault(s.stages, s)
-
-    def push(boxes: list[tuple[float, ...]]) -> None:
-        nonlocal best_exact, tie
-        for ex, group in _by_tables(boxes, tables_of):
-            los = np.array([b[0] for b in group])
-            lam = los[:, None] * np.array(lams)[None, :]                     # (boxes, J)
-            # whole batches: the DP admits only the box's shapes, U > lo (else its argmin can sit below
-            # the box, whose bound then never rises as U is cut; the bottom box holds every shape, U ≥ lo0)
-            lows = np.repeat([b[0] if b[0] > lo0 else -math.inf for b in group], J) if whole else None
-            his, bs = np.array([b[1] for b in group]), np.array([b[3] for b in group])
-            # fractional: a box's shapes have U > lo, so U·π·g ≥ Σ π_n·t·max(lo, u) over their stages
-            # (each stage's own time, not only the box's floor: exact for a balanced shape)
-            slopes = None if whole else np.tile(np.array(lams), len(group))
-            vals, shapes = pr.solve(his if J == 1 else np.repeat(his, J), lam.ravel(), pi,
-                                    bs if J == 1 else np.repeat(bs, J), ex, lows, slopes)
-            vals = vals.reshape(len(group), J)
-            for i, box in enumerate(group):
-                s = shapes[i * J + one]
-                if s is None:
-                    continue
-                lo, hi, _, _, g0, g1 = box[:6]
-                if whole:
-                    bound = _box_bound(vals[i], lam[i], lo, kp, top, g0, g1) + w_of(box)
-                else:
-                    bound = vals[i, one] + w_of(box) + min(lo * kappa, hi * kappa)
-                    if steep:
-                        bound = max(bound, (1.0 + kappa) * vals[i, 1] + w_of(box))
-                    elif flat:
-                        bound = max(bound, max(vals[i, 1], lo) + w_of(box))  # (S ≥ U > lo)
-                tie += 1
-                heapq.heappush(heap, (bound, tie, box, s))
-                for s2 in shapes[i * J: (i + 1) * J]:
-                    if s2 is None:
-                        continue
-                    exact = value(s2)
-                    if exact < best_exact:
-                        best_exact = exact
-                    found.setdefault(s2.stages, s2)
-
-    def split(children: list[tuple[float, ...]], parent: float) -> None:
-        """Price a cut box's two halves: by labels once the box is exact or narrow in U (few shapes
-        fit, so the fronts stay short), else by the Lagrangian DPs."""
-        lo, hi, g0 = children[0][0], children[-1][1], children[0][4]
-        if labels and (g0 < 0 or hi <= lo * (1 + LABEL_SPAN)):
-            push_labels(children, parent)
-        else:
-            push(children)
-
-    def cut(lo_: float, hi_: float) -> float:  # the split point of (lo_, hi_]: geometric where it can be
-        return math.sqrt(lo_ * hi_) if lo_ > 0 else 0.5 * (lo_ + hi_)
-
-    push(boxes0)
-    calls, closed = 1, not heap
-    while heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
-        bound, _, box, s = heap[0]
-        lo, hi, a, b, g0, g1, oa, ob = box
-        a_eff, b_eff = max(a, s0), min(b, w_top)
-        oa_eff, ob_eff = max(oa, o0), min(ob, o_top)
-        u_flat = hi <= lo * (1 + 1e-9)
-        s_flat = b_eff - a_eff <= 1e-9 * max(1.0, abs(b_eff))
-        o_flat = ob_eff - oa_eff <= 1e-9 * max(1.0, abs(ob_eff))
-        w_flat = s_flat and o_flat
-        g_flat = not whole or g0 < 0 or min(g1, g_top) - g0 <= 1e-9 * max(1.0, g0)
-        # closed: the least bound reaches the best shape found, or it is a point box (exact; with
-        # whole batches a point of π·g is still a Lagrangian bound, and so is a label front that
-        # was thinned: the search stops unclosed there)
-        if bound >= best_exact - rel * abs(best_exact) or (u_flat and w_flat and g_flat):
-            closed = bound >= best_exact - rel * abs(best_exact) or not whole or (g0 < 0 and not relaxed)
-            break
-        heapq.heappop(heap)
-        # which relaxation costs the box's own argmin most: U at lo, max σ at a or max o at oa?
-        # (then π·g: whole batches)
-        if whole:
-            slack_u = (s.bottleneck - lo) * k_of(s)
-        else:  # the box charges each stage's π_n·t at max(lo, u) instead of at U
-            miss = sum(float(pi[pr.node[c]] * pr.tp[c]) * (s.bottleneck - max(lo, u))
-                       for (c, _), u in zip(s.stages, pr.stage_times(s.stages)))
-            slack_u = miss + s.bottleneck * kappa - min(lo * kappa, hi * kappa)
-        _, sig, opt = pr.stage_maxima(s.stages, extras)
-        slack_w = floors(s) - w_of(box)  # what the box's W floor misses of the shape's own W
-        slack_s = 0.0 if s_flat or slack_w <= 0 else min(slack_w, max(0.0, sig - a_eff))
-        slack_o = 0.0 if o_flat or slack_w <= 0 else min(slack_w, max(0.0, opt - oa_eff))
-        if u_flat and w_flat and labels:  # only π·g is left: the labels price it exactly
-            push_labels([box], bound)
-        elif u_flat and w_flat:  # only π·g is left to split
-            g_s = pg(s)
-            gc = g_s if g0 < g_s < min(g1, g_top) else 0.5 * (g0 + min(g1, g_top))
-            push([(lo, hi, a, b, g0, gc, oa, ob), (lo, hi, a, b, gc, g1, oa, ob)])
-        elif not w_flat and (u_flat or max(slack_s, slack_o) >= slack_u):
-            if not o_flat and (s_flat or slack_o > slack_s):
-                mid = cut(oa_eff, ob_eff)
-                split([(lo, hi, a, b, g0, g1, oa, mid), (lo, hi, a, b, g0, g1, mid, ob)], bound)
-            else:
-                mid = cut(a_eff, b_eff)
-                split([(lo, hi, a, mid, g0, g1, oa, ob), (lo, hi, mid, b, g0, g1, oa, ob)], bound)
-        else:
-            mid = math.sqrt(lo * hi)
-            split([(lo, mid, a, b, g0, g1, oa, ob), (mid, hi, a, b, g0, g1, oa, ob)], bound)
-        calls += 1
-    cert = heap[0][0] if heap else top
-    if labels:  # the label boxes leave out shapes above the best one found, which bounds them all
-        cert = min(cert, best_exact)
-    logger.debug("certificate %.6g, best shape %.6g, %d DP calls, closed %s", cert, best_exact, calls, closed)
-    good = {s.stages: s for key in (linear, value) for s in sorted(found.values(), key=key)[:8]}
-    return min(cert, top), list(good.values()), closed
-
-
-def _entry_range(ex: StageExtras) -> tuple[float, float]:
-    """Least and largest finite entry of a floor table's stage positions (0, 0 when none is finite)."""
-    fin = [t[np.isfinite(t)] for t in (ex.mid, ex.first, ex.last, ex.single)]
-    fin = [f for f in fin if f.size]
-    if not fin:
-        return 0.0, 0.0
-    return min(float(f.min()) for f in fin), max(float(f.max()) for f in fin)
-
-
-def _by_tables(boxes: list[tuple[float, ...]], tables_of: Callable[[tuple[float, ...]], StageExtras],
-               ) -> list[tuple[StageExtras, list[tuple[float, ...]]]]:
-    """The boxes grouped by the floor tables their optimizer cap selects (one DP batch per table)."""
-    groups: dict[int, tuple[StageExtras, list[tuple[float, ...]]]] = {}
-    for box in boxes:
-        ex = tables_of(box)
-        groups.setdefault(id(ex), (ex, []))[1].append(box)
-    return list(groups.values())
-
-
-def _box_bound(D: np.ndarray, lam: np.ndarray, lo: float, kp: float, top: float, g0: float, g1: float) -> float:
-    """A lower bound on S + U·k_s, k_s = max(0, ⌊π·g + κ'⌋), over the shapes of a box (U > lo,
-    g0 ≤ π·g < g1), given D_j = min S + λ_j·π·g over a superset: a shape with k_s = k has π·g in
-    [max(g0, k − κ'), min(g1, k + 1 − κ')), so S ≥ D_j − λ_j·(that range's upper end if λ_j ≥ 0, else
-    its lower end) and the value ≥ lo·k + max_j of those (docs/formulation.md §14). That is convex in
-    k, so its least whole k is found by bisection; k beyond top/lo cannot beat top."""
-    finite = np.isfinite(D)
-    if not finite.any():
-        return math.inf
-    D, lam = D[finite], lam[finite]
-    kmax = max(0, math.ceil(top / lo)) + 1 if lo > 0 else 0
-    k_lo = max(0, math.floor(g0 + kp))
-    k_hi = min(kmax, math.floor(g1 + kp)) if math.isfinite(g1) else kmax
-    if k_hi < k_lo:
-        return math.inf
-
-    def f(k: int) -> float:
-        up, down = min(g1, k + 1 - kp), max(g0, k - kp)
-        return lo * k + float(np.max(D - np.where(lam >= 0, lam * up, lam * down)))
-
-    a, b = k_lo, k_hi
-    while a < b:  # least k of a convex f
-        m = (a + b) // 2
-        if f(m + 1) < f(m):
-            a = m + 1
-        else:
-            b = m
-    out = f(a)
-    return min(out, lo * (kmax + 1)) if k_hi == kmax else out
 
 
 def sync_lower_bound(tables: CostTables, pipelines: int) -> float:

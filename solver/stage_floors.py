@@ -252,7 +252,7 @@ def sync_tables(extras: StageExtras, o_cap: float, w_cap: float = math.inf) -> S
     """``extras`` with the sync part σ = w − o in place of w, and inf where a stage's optimizer part
     exceeds ``o_cap`` or its w exceeds ``w_cap``: a pricing DP capping these tables at b admits the
     shapes with every σ_k ≤ b, o_k ≤ o_cap and w_k ≤ w_cap (the boxes of max σ × max o of
-    :func:`.fluid_bound.certificate`, whose W floor is then their least max σ plus least max o)."""
+    :func:`.fluid_certificate.certificate`, whose W floor is then their least max σ plus least max o)."""
     opt = extras.opt if extras.opt is not None else np.zeros((4, *extras.last.shape))
     o = opt * (1 - 1e-9)
 

@@ -18,7 +18,8 @@ import highspy
 import numpy as np
 
 from .candidates import CostTables
-from .fluid_bound import _Floors, _Master
+from .fluid_bound import _Master
+from .fluid_certificate import ShapeFloors
 from .shape_pricing import Shape
 
 
@@ -27,7 +28,7 @@ def whole_pipeline_time(tables: CostTables, shapes: Sequence[Shape], pipelines: 
     """Seconds: the least t at which ``pipelines`` whole copies of ``shapes`` (repeats allowed, every
     node's GPUs within its count) run the global batch, each ⌊1 + (t − W − S)/U⌋ micro-batches; inf if
     no such choice exists. ``rest_s`` is the root's floor on sync + optimizer (as in the fluid run)."""
-    floors = _Floors(tables, pipelines, rest_s)
+    floors = ShapeFloors(tables, pipelines, rest_s)
     master = _Master([node.count for node in tables.problem.cluster.nodes], pipelines, floors)
     master.whole = True  # ⌊r_s(t)⌋ micro-batches per column (:meth:`_Master._rates`)
     for s in shapes:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fluid_cases import random_instance
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem, StagePlan
@@ -21,7 +22,6 @@ from hexhelix.solver.evaluate import stage_cost
 from hexhelix.solver.exact_plan import max_pipelines
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.solve import solve
-from test_fluid_bound import random_instance
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,7 @@ import math
 import time
 
 import pytest
+from fluid_cases import random_instance
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.solver import fluid_job
 from hexhelix.solver.candidates import CostTables, build_tables
@@ -19,7 +20,6 @@ from hexhelix.solver.master_rounding import Incumbent, round_master
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.shape_pricing import Shape
 from hexhelix.solver.solve import solve
-from test_fluid_bound import random_instance
 from test_planner_exact import make_problem
 
 

@@ -9,22 +9,18 @@ import math
 
 import numpy as np
 import pytest
+from fluid_cases import goal_problem, random_instance
 from hexhelix.solver.candidates import build_tables
-from hexhelix.solver.fluid_bound import (
-    _Floors,
-    fluid_lower_bound,
-    optimizer_lower_bound,
-    sync_lower_bound,
-)
+from hexhelix.solver.fluid_bound import fluid_lower_bound, optimizer_lower_bound, sync_lower_bound
+from hexhelix.solver.fluid_certificate import ShapeFloors
 from hexhelix.solver.solve import solve
 from hexhelix.solver.whole_pipelines import whole_pipeline_time
-from test_fluid_bound import _goal_problem, random_instance
 
 
 def _brute_force(tables, shapes, P: int, rest: float) -> float:
     """Least t over every multiset of P columns that fits the nodes: the least breakpoint
     t = W + S + (k − 1)·U at which Σ ⌊1 + (t − W − S)/U⌋ reaches the global batch."""
-    floors = _Floors(tables, P, rest)
+    floors = ShapeFloors(tables, P, rest)
     cols = [s for s in shapes if math.isfinite(s.bottleneck) and math.isfinite(floors(s))]
     caps = np.array([n.count for n in tables.problem.cluster.nodes])
     M = tables.micro_batches
@@ -75,7 +71,7 @@ def test_no_choice_of_whole_pipelines_that_fits_the_nodes_is_inf() -> None:
 def test_whole_pipelines_sit_between_the_fractional_master_and_the_plan() -> None:
     """small-mixed: the hexiscale plan's own pipelines are among the columns, so P whole copies of
     them run the batch by the plan's iteration time (W is a floor on its sync + optimizer)."""
-    pb = _goal_problem("small-mixed")
+    pb = goal_problem("small-mixed")
     heur = solve(pb, "hexiscale")
     P = len(heur.plan.pipelines)
     tables, _, rest, fr = _root(pb, P, heur)
