@@ -157,277 +157,362 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     if not isinstance(slot, bool) and not (finite_number(slot) and slot >= 0):
         raise InvalidInputError(f"must be seconds >= 0, True (the default share) or False (off), got {slot!r}",
                                 field="symmetric_more_s")
-    t0 = time.monotonic()
-    limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
-    deadline = t0 + limit
-    params = {"seed": seed, "time_limit": limit, **{k: v for k, v in opts.items() if k != "initial_plan"}}
+    return _ExactRun(problem, backend, solver, seed, profile, time_limit, opts, build_s_per_term).run()
 
-    def result(status: SolveStatus, plan: Plan | None, ev: Evaluation | None, bound: float | None,
+
+class _ExactRun:
+    """One exact solve (:func:`solve_exact`): the incumbent, the per-P bounds and proofs, the fluid
+    search (here or in a child) and the P-models, in the order :meth:`run` gives them time."""
+
+    tables: CostTables
+    pmax: int
+    gmin: int  # fewest GPUs per pipeline
+    scale: float  # ticks per second of the integer time scale
+    rate: float  # the a-priori bound: total work over total rate (or the shape bound)
+    p_values: list[int]  # the pipeline counts modelled, in order
+
+    def __init__(self, problem: PlanProblem, backend: Backend, solver: str, seed: int, profile: Profile,
+                 time_limit: float | None, opts: dict[str, Any], build_s_per_term: float) -> None:
+        self.problem, self.backend, self.solver, self.seed, self.profile = problem, backend, solver, seed, profile
+        self.opts, self.build_s_per_term = opts, build_s_per_term
+        self.t0 = time.monotonic()
+        self.limit = float(time_limit) if time_limit is not None else DEFAULT_TIME_LIMIT
+        self.deadline = self.t0 + self.limit
+        self.solve_deadline = self.deadline  # the exact models' own (earlier when a fluid child must be collected)
+        self.params: dict[str, Any] = {"seed": seed, "time_limit": self.limit,
+                                       **{k: v for k, v in opts.items() if k != "initial_plan"}}
+        self.gap_tol = float(opts.get("gap_tol", 1e-6))
+        self.best: tuple[Plan, Evaluation] | None = None
+        self.fluid: dict[int, float] = {}   # per P, the fluid bound (two searches: the larger)
+        self.depth: dict[int, float] = {}   # per P, the bound with memory at depth (docs §16)
+        self.bounds: dict[int, float] = {}  # per P explored, the best bound
+        self.proven: dict[int, bool] = {}
+        self.job: FluidJob | None = None
+        self.logs: list[str] = []
+        self.iterations = 0
+        self.models: dict[int, Any] = {}
+        self.skipped: set[int] = set()
+        self.too_big: dict[int, int] = {}  # P -> estimated rows of a model not built (one warning for all)
+        self.max_rows = int(opts.get("max_model_rows", 400_000))
+        self.models_exported = False
+        self.seen: dict[int, set[tuple[int, ...]]] = {}
+        self.fixed: dict[int, float] = {}  # P -> the most seconds a backend call of its model took beyond its search
+
+    def result(self, status: SolveStatus, plan: Plan | None, ev: Evaluation | None, bound: float | None,
                reason: str = "", log: str = "", objective: float = math.inf) -> SolveResult:
-        return SolveResult(solver=solver, status=status, plan=plan, evaluation=ev, objective_s=objective,
-                           bound_s=bound, solve_time_s=time.monotonic() - t0, reason=reason, params=params,
-                           log=log)
+        return SolveResult(solver=self.solver, status=status, plan=plan, evaluation=ev, objective_s=objective,
+                           bound_s=bound, solve_time_s=time.monotonic() - self.t0, reason=reason,
+                           params=self.params, log=log)
 
-    tables = build_tables(problem, profile)
-    short = memory_shortfall(tables)
-    pmax = max_pipelines(tables)
-    if short or pmax < 1:
-        return result(SolveStatus.INFEASIBLE, None, None, None,
-                      short or "memory: no group of GPUs can hold the model states of "
-                                f"{problem.model.name}; see `hexhelix gpus` for capacities")
-    best: tuple[Plan, Evaluation] | None = None
-    unfinished: list[Plan] = []  # hexiscale's plan when its grouping search ran out of the warm-start budget
-    for plan in _warm_start_plans(problem, seed, profile, opts, budget=WARM_START_SHARE * limit, unfinished=unfinished):
-        ev = evaluate(plan, profile)
-        if ev.feasible and (best is None or ev.iteration_time_s < best[1].iteration_time_s):
-            best = (plan, ev)
-    scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
-    rate = tables.gpu_rate_bound()
-    fluid: dict[int, float] = {}
+    @property
+    def incumbent_s(self) -> float | None:
+        return self.best[1].iteration_time_s if self.best is not None else None
 
-    def take_fluid(out: FluidOutcome) -> None:
+    def run(self) -> SolveResult:
+        problem, opts = self.problem, self.opts
+        self.tables = tables = build_tables(problem, self.profile)
+        short = memory_shortfall(tables)
+        self.pmax = pmax = max_pipelines(tables)
+        if short or pmax < 1:
+            return self.result(SolveStatus.INFEASIBLE, None, None, None,
+                               short or "memory: no group of GPUs can hold the model states of "
+                                        f"{problem.model.name}; see `hexhelix gpus` for capacities")
+        unfinished: list[Plan] = []  # hexiscale's plan when its grouping search ran out of the warm-start budget
+        for plan in _warm_start_plans(problem, self.seed, self.profile, opts, budget=WARM_START_SHARE * self.limit,
+                                      unfinished=unfinished):
+            self._offer(plan, evaluate(plan, self.profile))
+        self.gmin = min_gpus_per_pipeline(tables)
+        self.scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
+        self.rate = tables.gpu_rate_bound()
+        if opts.get("depth_bound", True) and self.best is not None and memory_depends_on_depth(tables):
+            self.depth = depth_lower_bounds(tables, pmax, self.best[1].iteration_time_s,
+                                            deadline=self._share_of_rest(float(opts.get("depth_share", DEPTH_SHARE))))
+            self.params["depth_bound_s"] = min(self.depth.values()) if len(self.depth) == pmax else None
+        split, mine = self._start_fluid_search()
+        if self.job is not None and self.best is not None:
+            self._beside_child(unfinished)
+        self.params["fluid_split"] = split
+        models_deadline = time.monotonic() + float(opts.get("exact_share", EXACT_SHARE_SPLIT)) * max(
+            0.0, self.solve_deadline - time.monotonic()) if split else self.solve_deadline
+        if opts.get("shape_bound", not split):  # order-free shape enumeration: a bound valid for every P
+            sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, models_deadline - time.monotonic()))
+            if sb is not None:
+                self.rate = max(self.rate, sb)
+            self.params["shape_bound_s"] = sb
+        self.p_values = self._pipeline_counts()
+        self.model_passes(models_deadline)
+        if split:  # this process's share of the fluid search, then what time it leaves back to the models
+            if self.best is not None and not all(self.proven.get(P, False) for P in mine):
+                self.take_fluid(run_fluid(tables, pmax, self.best[1].iteration_time_s, self.best[0],
+                                          self.solve_deadline, only=mine))
+                self.settle_fluid()
+            self.model_passes(self.solve_deadline)
+        _warn_too_big(self.too_big, self.max_rows)
+        if self.job is not None and all(self.proven.get(P, False) for P in range(1, pmax + 1)):
+            self.job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
+        elif self.job is not None:  # the child's bounds join the exact models' ones, P by P
+            self.take_fluid(self.job.collect())
+            self.settle_fluid()
+        return self._finish()
+
+    def _share_of_rest(self, share: float) -> float:
+        """A deadline ``share`` of the time left from now."""
+        return time.monotonic() + share * max(0.0, self.deadline - time.monotonic())
+
+    def _offer(self, plan: Plan, ev: Evaluation) -> bool:
+        """Keep ``plan`` if it is feasible and beats the incumbent; whether it did."""
+        if ev.feasible and (self.best is None or ev.iteration_time_s < self.best[1].iteration_time_s):
+            self.best = (plan, ev)
+            return True
+        return False
+
+    # ---- the fluid search (docs §14)
+    def _start_fluid_search(self) -> tuple[bool, frozenset[int]]:
+        """Column generation per P: in a child on a second core for the whole time limit, or here for
+        ``fluid_share`` of it. Returns whether the pipeline counts are split between the two processes
+        and the ones left to this process."""
+        opts, tables, pmax = self.opts, self.tables, self.pmax
+        inc = self.incumbent_s
+        # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
+        settled = frozenset(P for P, b in self.depth.items() if inc is not None and b >= inc * (1 - self.gap_tol))
+        parallel = opts.get("fluid_parallel")
+        parallel = can_fork() and (self.limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
+        split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
+        self.params["fluid_parallel"] = parallel
+        # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
+        mine, theirs = frozenset(range(1, pmax + 1, 2)) - settled, frozenset(range(2, pmax + 1, 2)) - settled
+        if opts.get("fluid_bound", True) and self.best is not None:
+            plan, t = self.best[0], self.best[1].iteration_time_s
+            if parallel:  # on a second core, for the whole time limit, while the exact models run here
+                self.solve_deadline = self.deadline - FLUID_COLLECT_S
+                self.job = start_fluid(tables, pmax, t, plan, self.solve_deadline,
+                                       only=theirs if split else (mine | theirs) if settled else None)
+            else:
+                self.take_fluid(run_fluid(tables, pmax, t, plan, self._share_of_rest(float(opts.get("fluid_share", 0.6))),
+                                          only=(mine | theirs) if settled else None))
+        return split and self.job is not None, mine  # no fluid search (option, or no incumbent): nothing to split
+
+    def take_fluid(self, out: FluidOutcome) -> None:
         """Record the fluid bounds and the best plan its rounded masters gave (the primal side)."""
-        nonlocal best
         for P, b in out.bounds.items():  # two searches (odd and even P) each bound every P: keep the larger
-            fluid[P] = max(fluid.get(P, 0.0), b)
-        params["fluid_bound_s"] = min(fluid.values()) if len(fluid) == pmax else None
-        if out.plan is not None:
-            ev = evaluate(out.plan, profile)
-            if best is not None and ev.feasible and ev.iteration_time_s < best[1].iteration_time_s:
-                best = (out.plan, ev)
+            self.fluid[P] = max(self.fluid.get(P, 0.0), b)
+        self.params["fluid_bound_s"] = min(self.fluid.values()) if len(self.fluid) == self.pmax else None
+        if out.plan is not None and self.best is not None:
+            self._offer(out.plan, evaluate(out.plan, self.profile))
 
-    depth: dict[int, float] = {}  # per P, the bound with memory at depth (docs §16), where memory depends on it
-    if opts.get("depth_bound", True) and best is not None and memory_depends_on_depth(tables):
-        depth = depth_lower_bounds(tables, pmax, best[1].iteration_time_s, deadline=time.monotonic() + float(
-            opts.get("depth_share", DEPTH_SHARE)) * max(0.0, deadline - time.monotonic()))
-        params["depth_bound_s"] = min(depth.values()) if len(depth) == pmax else None
-    # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
-    settled = frozenset(P for P, b in depth.items() if best is not None
-                        and b >= best[1].iteration_time_s * (1 - float(opts.get("gap_tol", 1e-6))))
-    parallel = opts.get("fluid_parallel")
-    parallel = can_fork() and (limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
-    split = parallel and bool(opts.get("fluid_split", problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
-    params["fluid_parallel"] = parallel
-    solve_deadline = deadline  # the exact models' own deadline (earlier when a fluid child must be collected)
-    job: FluidJob | None = None
-    # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
-    mine, theirs = frozenset(range(1, pmax + 1, 2)) - settled, frozenset(range(2, pmax + 1, 2)) - settled
-    if opts.get("fluid_bound", True) and best is not None:  # column generation per P (docs §14)
-        if parallel:  # on a second core, for the whole time limit, while the exact models run here
-            solve_deadline = deadline - FLUID_COLLECT_S
-            job = start_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline,
-                              only=theirs if split else (mine | theirs) if settled else None)
-        else:
-            take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], time.monotonic() + float(
-                opts.get("fluid_share", 0.6)) * max(0.0, deadline - time.monotonic()),
-                only=(mine | theirs) if settled else None))
-    split = split and job is not None  # no fluid search (option, or no incumbent): nothing to split
-
-    def beside_child(seconds: float) -> float:
-        """A ``time.perf_counter()`` deadline ``seconds`` from now, within the exact models' own one."""
-        return time.perf_counter() + max(0.0, min(seconds, solve_deadline - time.monotonic()))
-
-    if job is not None and best is not None and slot is not False:
-        # the child searches bounds on the second core: here, plans of identical pipelines are listed
-        # beyond hexiscale's step budget (hexiscale-het2 without recompute: 6.413 -> 6.311 s)
-        t_sym = time.perf_counter()
-        seconds = min(SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE * limit) if slot is True else float(slot)
-        sym = symmetric_more(best[0], profile, deadline=beside_child(seconds))
-        params["symmetric_more"] = {"from_s": best[1].iteration_time_s, "seconds": time.perf_counter() - t_sym,
-                                    "to_s": None if sym is None else sym[1].iteration_time_s}
-        if sym is not None and sym[1].iteration_time_s < best[1].iteration_time_s:
-            best = polish(sym[0], profile, deadline=time.perf_counter() + 1.0)
-    if job is not None and best is not None and unfinished and unfinished[0] is best[0]:
-        # the child searches bounds on the second core: here, hexiscale's grouping search goes on
-        # from where the warm start stopped it (hexiscale-het1, selective recompute: 7.255 -> 7.084 s)
-        more = regroup_more(best[0], profile, deadline=beside_child(min(REGROUP_MORE_S, REGROUP_MORE_SHARE * limit)))
-        params["regroup_more"] = {"scored": more.scored, "stopped": more.stopped,
-                                  "from_s": best[1].iteration_time_s, "to_s": more.evaluation.iteration_time_s}
-        if more.evaluation.feasible and more.evaluation.iteration_time_s < best[1].iteration_time_s:
-            best = polish(more.plan, profile, deadline=time.perf_counter() + 1.0)
-    params["fluid_split"] = split
-    models_deadline = time.monotonic() + float(opts.get("exact_share", EXACT_SHARE_SPLIT)) * max(
-        0.0, solve_deadline - time.monotonic()) if split else solve_deadline
-    if opts.get("shape_bound", not split):  # order-free shape enumeration: a bound valid for every P
-        sb = shape_lower_bound(tables, deadline=time.monotonic() + 0.25 * max(0.0, models_deadline - time.monotonic()))
-        if sb is not None:
-            rate = max(rate, sb)
-        params["shape_bound_s"] = sb
-    L, M, N = problem.model.layers, problem.training.num_micro_batches, problem.cluster.num_gpus
-    gmin = min_gpus_per_pipeline(tables)
-    cap = int(opts.get("max_pipelines") or pmax)
-    p_values = list(range(1, min(pmax, cap) + 1))
-    if best is not None and len(best[0].pipelines) in p_values:  # the incumbent's P first: best cutoff early
-        p_values.remove(len(best[0].pipelines))
-        p_values.insert(0, len(best[0].pipelines))
-    gap_tol = float(opts.get("gap_tol", 1e-6))
-    bounds: dict[int, float] = {}
-    proven: dict[int, bool] = {}
-
-    def settle_fluid() -> None:
+    def settle_fluid(self) -> None:
         """Fluid bounds into the per-P bounds; a P whose bound reaches the incumbent cannot improve on it."""
-        for P in set(fluid) | set(depth):
-            fb = max(fluid.get(P, 0.0), depth.get(P, 0.0))
-            bounds[P] = max(bounds.get(P, rate), fb)
-            if best is not None and fb >= best[1].iteration_time_s * (1 - gap_tol):
-                proven[P] = True
+        inc = self.incumbent_s
+        for P in set(self.fluid) | set(self.depth):
+            fb = max(self.fluid.get(P, 0.0), self.depth.get(P, 0.0))
+            self.bounds[P] = max(self.bounds.get(P, self.rate), fb)
+            if inc is not None and fb >= inc * (1 - self.gap_tol):
+                self.proven[P] = True
 
-    def poll_child() -> None:
+    def poll_child(self) -> None:
         """Take the child's outcome as soon as it is there (its search may end long before the limit)."""
-        nonlocal job
-        if job is not None and job.ready():
-            take_fluid(job.collect())
-            settle_fluid()
-            job = None
+        if self.job is not None and self.job.ready():
+            self.take_fluid(self.job.collect())
+            self.settle_fluid()
+            self.job = None
 
-    settle_fluid()
-    if p_values:  # the incumbent's P, then the most promising by fluid bound
-        head = p_values[0]
-        p_values.sort(key=lambda P: (P != head, max(fluid.get(P, 0.0), depth.get(P, 0.0))))
-    logs: list[str] = []
-    iterations = 0
-    models: dict[int, Any] = {}
-    skipped: set[int] = set()
-    too_big: dict[int, int] = {}  # P -> estimated rows of a model not built (one warning for all, below)
-    max_rows = int(opts.get("max_model_rows", 400_000))
-    models_exported = False
-    seen: dict[int, set[tuple[int, ...]]] = {}
-    fixed: dict[int, float] = {}  # P -> the most seconds a backend call of its model took beyond its search
-    def model_passes(until: float) -> None:
+    def _beside_child(self, unfinished: list[Plan]) -> None:
+        """While the child searches bounds on the second core, improve the incumbent here: plans of
+        identical pipelines listed beyond hexiscale's step budget (hexiscale-het2 without recompute:
+        6.413 -> 6.311 s), then hexiscale's grouping search from where the warm start stopped it
+        (hexiscale-het1, selective recompute: 7.255 -> 7.084 s)."""
+        assert self.best is not None
+        slot = self.opts.get("symmetric_more_s", True)
+        if slot is not False:
+            t_sym = time.perf_counter()
+            seconds = min(SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE * self.limit) if slot is True else float(slot)
+            sym = symmetric_more(self.best[0], self.profile, deadline=self._perf_deadline(seconds))
+            self.params["symmetric_more"] = {"from_s": self.best[1].iteration_time_s,
+                                             "seconds": time.perf_counter() - t_sym,
+                                             "to_s": None if sym is None else sym[1].iteration_time_s}
+            if sym is not None and sym[1].iteration_time_s < self.best[1].iteration_time_s:
+                self.best = polish(sym[0], self.profile, deadline=time.perf_counter() + 1.0)
+        if unfinished and unfinished[0] is self.best[0]:
+            more = regroup_more(self.best[0], self.profile,
+                                deadline=self._perf_deadline(min(REGROUP_MORE_S, REGROUP_MORE_SHARE * self.limit)))
+            self.params["regroup_more"] = {"scored": more.scored, "stopped": more.stopped,
+                                           "from_s": self.best[1].iteration_time_s,
+                                           "to_s": more.evaluation.iteration_time_s}
+            if more.evaluation.feasible and more.evaluation.iteration_time_s < self.best[1].iteration_time_s:
+                self.best = polish(more.plan, self.profile, deadline=time.perf_counter() + 1.0)
+
+    def _perf_deadline(self, seconds: float) -> float:
+        """A ``time.perf_counter()`` deadline ``seconds`` from now, within the exact models' own one."""
+        return time.perf_counter() + max(0.0, min(seconds, self.solve_deadline - time.monotonic()))
+
+    # ---- the P-models
+    def _pipeline_counts(self) -> list[int]:
+        """The pipeline counts to model: the incumbent's first (best cutoff early), then the most
+        promising by fluid (or depth) bound. Settles the fluid bounds found so far."""
+        cap = int(self.opts.get("max_pipelines") or self.pmax)
+        p_values = list(range(1, min(self.pmax, cap) + 1))
+        if self.best is not None and len(self.best[0].pipelines) in p_values:
+            p_values.remove(len(self.best[0].pipelines))
+            p_values.insert(0, len(self.best[0].pipelines))
+        self.settle_fluid()
+        if p_values:
+            head = p_values[0]
+            p_values.sort(key=lambda P: (P != head, max(self.fluid.get(P, 0.0), self.depth.get(P, 0.0))))
+        return p_values
+
+    def _floor(self, P: int) -> float:
+        """P's bound before its model says anything: the total-work (or shape) bound, fluid, depth."""
+        return max(self.rate, self.fluid.get(P, 0.0), self.depth.get(P, 0.0))
+
+    def model_passes(self, until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
         time to ``until``, until all are proven or the time is up."""
-        nonlocal best, iterations, models_exported
         while True:
-            todo = [P for P in p_values if not proven.get(P, False) and P not in skipped]
+            todo = [P for P in self.p_values if not self.proven.get(P, False) and P not in self.skipped]
             if not todo or until - time.monotonic() <= 0.05:
                 break
-            if best is not None and rate >= best[1].iteration_time_s * (1 - gap_tol):
+            inc = self.incumbent_s
+            if inc is not None and self.rate >= inc * (1 - self.gap_tol):
                 break  # the a-priori bound already proves the incumbent optimal
             progress_made, attempted = False, False
             for idx, P in enumerate(todo):
-                poll_child()
-                if proven.get(P, False):
+                self.poll_child()
+                if self.proven.get(P, False):
                     continue
                 remaining = until - time.monotonic()
                 if remaining <= 0.05:
                     break
-                p_deadline = time.monotonic() + remaining / (len(todo) - idx)
-                ub = best[1].iteration_time_s if best else None
-                K = max(1, min(L, N - (P - 1) * gmin))
-                terms = P * K * len(problem.cluster.nodes) ** 2
-                size = P * K * len(tables.options) * (8 + K) + terms
-                need = fixed.get(P, 0.0) if P in models else _unbuilt_cost_s(terms, build_s_per_term)
-                if need >= p_deadline - time.monotonic() and size <= max_rows:
-                    if need >= remaining:
-                        continue  # its fixed cost alone would outlast the pass: a later pass may have more time
-                    p_deadline = until  # too slow for its share: it takes the rest of the pass
-                if P not in models:
-                    if size > max_rows:  # too big to build: bound stays the rate bound
-                        too_big[P] = size
-                        bounds[P], proven[P] = max(rate, fluid.get(P, 0.0), depth.get(P, 0.0)), False
-                        skipped.add(P)
-                        continue
-                    models[P] = build_plan_model(tables, P, K, scale, cutoff_s=ub, pipe_lb_s=rate)
-                    if opts.get("export_model") and not models_exported:  # the first model built, as an LP file
-                        from .milp_plan import to_pulp
-
-                        to_pulp(models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(opts["export_model"]))
-                        models_exported = True
-                    seen[P] = set()
-                    bounds[P], proven[P] = max(rate, fluid.get(P, 0.0), depth.get(P, 0.0)), False
-                elif ub is not None:
-                    models[P].lin.add(dict(models[P].lin.objective), "<=", math.ceil(ub * scale), "cutoff_pass")
-                pm = models[P]
-                hint = pm.encode(best[0]) if best else None
-                while True:
-                    left = p_deadline - time.monotonic()
-                    if left <= max(0.05, fixed.get(P, 0.0)):  # its fixed cost alone would outlast it
-                        break
-                    # a fluid child that has answered may prove this P: stop the solve to take it in
-                    t_call = time.monotonic()
-                    out = backend(pm.lin, left, hint, lambda: job is not None and job.ready())
-                    fixed[P] = max(fixed.get(P, 0.0), out.overhead_s, time.monotonic() - t_call - left)
-                    attempted = True
-                    iterations += 1
-                    if out.log:
-                        logs.append(f"--- P={P} iteration {iterations}\n{out.log}")
-                    if out.status == "error":  # the backend failed: do not retry this P
-                        logger.warning("P=%d: backend error", P)
-                        skipped.add(P)
-                        break
-                    if out.status == "infeasible":
-                        bounds[P] = ub if ub is not None else math.inf
-                        proven[P] = True
-                        break
-                    if out.bound is not None:
-                        bounds[P] = max(bounds[P], rate, out.bound / scale)
-                    if out.values is None:
-                        break
-                    plan = pm.decode(out.values)
-                    ev = evaluate(plan, profile)
-                    if not ev.feasible:  # would be a modelling bug: say so loudly, never return it
-                        logger.error("model solution violates the evaluator: %s", "; ".join(ev.violations))
-                        break
-                    if best is None or ev.iteration_time_s < best[1].iteration_time_s:
-                        best = (plan, ev)
-                        ub = ev.iteration_time_s
-                        pm.lin.add(dict(pm.lin.objective), "<=", math.ceil(ub * scale), f"cutoff_{iterations}")
-                    true_ticks = ev.iteration_time_s * scale
-                    key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
-                    slack = true_ticks - (out.objective or 0.0)
-                    if P > 1 and slack > _rounding_ticks(M, pm.max_stages, L) + gap_tol * true_ticks \
-                            and key not in seen[P]:
-                        seen[P].add(key)
-                        pm.add_sync_cut(out.values, ev.grad_sync_s)
-                        hint = pm.encode(best[0])
-                        continue
-                    proven[P] = out.status == "optimal"
-                    break
-                progress_made = progress_made or proven[P]
-                logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, bounds[P], proven[P], pm.cuts)
+                outcome = self._model_pass(P, until, remaining, time.monotonic() + remaining / (len(todo) - idx))
+                if outcome is None:
+                    continue
+                attempted = attempted or outcome
+                progress_made = progress_made or self.proven[P]
+                logger.info("P=%d: bound %.6g s, proven %s, %d cuts", P, self.bounds[P], self.proven[P],
+                            self.models[P].cuts)
             if not progress_made and (until - time.monotonic() <= 0.05 or not attempted):
                 break
-    model_passes(models_deadline)
-    if split:  # this process's share of the fluid search, then what time it leaves back to the models
-        if best is not None and not all(proven.get(P, False) for P in mine):
-            take_fluid(run_fluid(tables, pmax, best[1].iteration_time_s, best[0], solve_deadline, only=mine))
-            settle_fluid()
-        model_passes(solve_deadline)
-    _warn_too_big(too_big, max_rows)
-    if job is not None and all(proven.get(P, False) for P in range(1, pmax + 1)):
-        job.cancel()  # the exact models proved every pipeline count: nothing left for the child to add
-    elif job is not None:  # the child's bounds join the exact models' ones, P by P
-        take_fluid(job.collect())
-        settle_fluid()
-    explored_all = set(p_values) <= set(bounds) and len(p_values) == pmax
-    by_p = {P: bounds.get(P, max(rate, fluid.get(P, 0.0), depth.get(P, 0.0))) for P in range(1, pmax + 1)}
-    lower = min(by_p.values(), default=rate)
-    params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax, "iterations": iterations,
-                   "sync_cuts": sum(pm.cuts for pm in models.values()), "pipelines_skipped": sorted(skipped),
-                   "ticks_per_second": scale, "bound_by_pipelines": by_p})
-    log = "\n".join([_summary(by_p, fluid, depth, proven, best[1].iteration_time_s if best else None), *logs])
-    if best is None:
-        if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
-            return result(SolveStatus.INFEASIBLE, None, None, None,
-                          "memory: no placement fits every stage in GPU memory at micro-batch "
-                          f"{problem.training.micro_batch}, seq-len {problem.training.seq_len}", log)
-        return result(SolveStatus.TIMEOUT, None, None, lower if math.isfinite(lower) else None,
-                      f"no plan found within the time limit of {limit:g} s", log)
-    plan, ev = best
-    plan = Plan(problem=plan.problem, pipelines=plan.pipelines, meta={**plan.meta, "solver": solver})
-    bound = min(lower, ev.iteration_time_s)
-    gap = (ev.iteration_time_s - bound) / ev.iteration_time_s
-    tol = gap_tol + _rounding_ticks(M, max(1, min(L, N)), L) / (ev.iteration_time_s * scale)
-    unproven = [P for P in range(1, pmax + 1) if not proven.get(P, False)]
-    if gap <= tol:  # the bound is valid whichever way it was obtained
-        status, reason = SolveStatus.OPTIMAL, ""
-    elif unproven:
-        status = SolveStatus.TIMEOUT
-        reason = (f"time limit {limit:g} s: pipeline counts {unproven} of 1..{pmax} not proven "
-                  f"(gap {gap:.2%})")
-    else:
-        status, reason = SolveStatus.FEASIBLE, f"stopped with gap {gap:.2%} (not proven)"
-    return result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
+
+    def _model_pass(self, P: int, until: float, remaining: float, p_deadline: float) -> bool | None:
+        """One pass's turn of P: its model built if it fits the time and size, then solved and cut to
+        ``p_deadline``. Returns whether a backend call was made; None when P was passed over."""
+        problem, tables = self.problem, self.tables
+        L, N = problem.model.layers, problem.cluster.num_gpus
+        ub = self.incumbent_s
+        K = max(1, min(L, N - (P - 1) * self.gmin))
+        terms = P * K * len(problem.cluster.nodes) ** 2
+        size = P * K * len(tables.options) * (8 + K) + terms
+        need = self.fixed.get(P, 0.0) if P in self.models else _unbuilt_cost_s(terms, self.build_s_per_term)
+        if need >= p_deadline - time.monotonic() and size <= self.max_rows:
+            if need >= remaining:
+                return None  # its fixed cost alone would outlast the pass: a later pass may have more time
+            p_deadline = until  # too slow for its share: it takes the rest of the pass
+        if P not in self.models:
+            if size > self.max_rows:  # too big to build: bound stays the rate bound
+                self.too_big[P] = size
+                self.bounds[P], self.proven[P] = self._floor(P), False
+                self.skipped.add(P)
+                return None
+            self.models[P] = build_plan_model(tables, P, K, self.scale, cutoff_s=ub, pipe_lb_s=self.rate)
+            if self.opts.get("export_model") and not self.models_exported:  # the first model built, as an LP file
+                from .milp_plan import to_pulp
+
+                to_pulp(self.models[P].lin, name=f"hexhelix_plan_P{P}")[0].writeLP(str(self.opts["export_model"]))
+                self.models_exported = True
+            self.seen[P] = set()
+            self.bounds[P], self.proven[P] = self._floor(P), False
+        elif ub is not None:
+            self.models[P].lin.add(dict(self.models[P].lin.objective), "<=", math.ceil(ub * self.scale), "cutoff_pass")
+        return self._solve_model(P, p_deadline)
+
+    def _solve_model(self, P: int, p_deadline: float) -> bool:
+        """Solve P's model to ``p_deadline``, adding a sync cut and solving again while its solution's
+        evaluated time exceeds the model's (docs §6); whether a backend call was made."""
+        pm, scale = self.models[P], self.scale
+        M, L = self.problem.training.num_micro_batches, self.problem.model.layers
+        ub = self.incumbent_s
+        hint = pm.encode(self.best[0]) if self.best else None
+        attempted = False
+        while True:
+            left = p_deadline - time.monotonic()
+            if left <= max(0.05, self.fixed.get(P, 0.0)):  # its fixed cost alone would outlast it
+                break
+            # a fluid child that has answered may prove this P: stop the solve to take it in
+            t_call = time.monotonic()
+            out = self.backend(pm.lin, left, hint, lambda: self.job is not None and self.job.ready())
+            self.fixed[P] = max(self.fixed.get(P, 0.0), out.overhead_s, time.monotonic() - t_call - left)
+            attempted = True
+            self.iterations += 1
+            if out.log:
+                self.logs.append(f"--- P={P} iteration {self.iterations}\n{out.log}")
+            if out.status == "error":  # the backend failed: do not retry this P
+                logger.warning("P=%d: backend error", P)
+                self.skipped.add(P)
+                break
+            if out.status == "infeasible":
+                self.bounds[P] = ub if ub is not None else math.inf
+                self.proven[P] = True
+                break
+            if out.bound is not None:
+                self.bounds[P] = max(self.bounds[P], self.rate, out.bound / scale)
+            if out.values is None:
+                break
+            plan = pm.decode(out.values)
+            ev = evaluate(plan, self.profile)
+            if not ev.feasible:  # would be a modelling bug: say so loudly, never return it
+                logger.error("model solution violates the evaluator: %s", "; ".join(ev.violations))
+                break
+            if self._offer(plan, ev):
+                ub = ev.iteration_time_s
+                pm.lin.add(dict(pm.lin.objective), "<=", math.ceil(ub * scale), f"cutoff_{self.iterations}")
+            true_ticks = ev.iteration_time_s * scale
+            key = tuple(i for i in pm.structure_vars() if out.values[i] > 0.5)
+            slack = true_ticks - (out.objective or 0.0)
+            if P > 1 and slack > _rounding_ticks(M, pm.max_stages, L) + self.gap_tol * true_ticks \
+                    and key not in self.seen[P]:
+                self.seen[P].add(key)
+                pm.add_sync_cut(out.values, ev.grad_sync_s)
+                hint = pm.encode(self.best[0])
+                continue
+            self.proven[P] = out.status == "optimal"
+            break
+        return attempted
+
+    # ---- the result
+    def _finish(self) -> SolveResult:
+        """Status, bound and gap from the per-P bounds and the incumbent (docs §11)."""
+        problem, pmax, bounds, proven = self.problem, self.pmax, self.bounds, self.proven
+        explored_all = set(self.p_values) <= set(bounds) and len(self.p_values) == pmax
+        by_p = {P: bounds.get(P, self._floor(P)) for P in range(1, pmax + 1)}
+        lower = min(by_p.values(), default=self.rate)
+        self.params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax,
+                            "iterations": self.iterations,
+                            "sync_cuts": sum(pm.cuts for pm in self.models.values()),
+                            "pipelines_skipped": sorted(self.skipped),
+                            "ticks_per_second": self.scale, "bound_by_pipelines": by_p})
+        log = "\n".join([_summary(by_p, self.fluid, self.depth, proven, self.incumbent_s), *self.logs])
+        if self.best is None:
+            if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
+                return self.result(SolveStatus.INFEASIBLE, None, None, None,
+                                   "memory: no placement fits every stage in GPU memory at micro-batch "
+                                   f"{problem.training.micro_batch}, seq-len {problem.training.seq_len}", log)
+            return self.result(SolveStatus.TIMEOUT, None, None, lower if math.isfinite(lower) else None,
+                               f"no plan found within the time limit of {self.limit:g} s", log)
+        plan, ev = self.best
+        plan = Plan(problem=plan.problem, pipelines=plan.pipelines, meta={**plan.meta, "solver": self.solver})
+        bound = min(lower, ev.iteration_time_s)
+        gap = (ev.iteration_time_s - bound) / ev.iteration_time_s
+        M, L, N = problem.training.num_micro_batches, problem.model.layers, problem.cluster.num_gpus
+        tol = self.gap_tol + _rounding_ticks(M, max(1, min(L, N)), L) / (ev.iteration_time_s * self.scale)
+        unproven = [P for P in range(1, pmax + 1) if not proven.get(P, False)]
+        if gap <= tol:  # the bound is valid whichever way it was obtained
+            status, reason = SolveStatus.OPTIMAL, ""
+        elif unproven:
+            status = SolveStatus.TIMEOUT
+            reason = (f"time limit {self.limit:g} s: pipeline counts {unproven} of 1..{pmax} not proven "
+                      f"(gap {gap:.2%})")
+        else:
+            status, reason = SolveStatus.FEASIBLE, f"stopped with gap {gap:.2%} (not proven)"
+        return self.result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
 
 
 def _summary(by_p: dict[int, float], fluid: dict[int, float], depth: dict[int, float], proven: dict[int, bool],
