@@ -30,6 +30,7 @@ import heapq
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -258,6 +259,54 @@ def _jump_ranges(rest: dict[int, float], lo: int, hi: int, upper_s: float) -> li
     return list(zip((lo, *cuts), (*(q - 1 for q in cuts), hi)))
 
 
+Child = tuple[int, int, Locality, float, float]  # (lo, hi, locality, w_lo, w_hi) of a leaf to run
+
+
+def _branch(tables: CostTables, leaf: _Leaf, rest: dict[int, float], upper: float, penalty: np.ndarray | None,
+            mine: Callable[[int, int], bool], exact_pricing: bool) -> tuple[str, list[Child]] | None:
+    """How the least leaf goes on (:func:`best_first_bounds`), as (kind, children): a node decision
+    once one P's fractional master has converged ("node": all quiet | visited), more column
+    generation while it has not ("more columns", the leaf itself), sub-ranges of P ("range"), then
+    a (layer, node) pair or a W cut (:func:`_last_split`), then exact whole-batch pricing as the
+    last resort ("exact whole"); None: the leaf is final. ``penalty``: the spread penalty of its P
+    (None for a range or P = 1, which have no node or pair to branch on)."""
+    lo, hi, loc, w_lo, w_hi = leaf.lo, leaf.hi, leaf.locality, leaf.w_lo, leaf.w_hi
+    node = None
+    if lo == hi >= 2 and (leaf.settled or leaf.result.whole) and penalty is not None:  # P = 1: no sync
+        # once the fractional master has converged, a node decision raises the bound more than
+        # the whole-batch phase does (measured on hexiscale-het2), so it comes first
+        node = _node_to_branch(tables, leaf, penalty)
+    if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
+        quiet = loc
+        for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
+            quiet = quiet.with_quiet(m, tables.layers)
+        return "node", [(lo, hi, quiet, w_lo, w_hi), (lo, hi, loc.with_visit(node), w_lo, w_hi)]
+    if not leaf.settled:
+        return "more columns", [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
+    if lo < hi:
+        return "range", [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper) if mine(a, b)]
+    step = _last_split(tables, leaf, upper, penalty)
+    if step is not None:
+        kind, arg = step
+        if isinstance(arg, tuple):  # the pair's layer is local at its node | spread
+            return kind, [(lo, hi, loc.with_local(*arg), w_lo, w_hi), (lo, hi, loc.with_spread(*arg), w_lo, w_hi)]
+        return kind, [(lo, hi, loc, w_lo, arg), (lo, hi, loc, arg, w_hi)]  # sync + optimizer ≤ the cut | above
+    if leaf.result.whole and not leaf.exact and not leaf.result.exact and exact_pricing:
+        # nothing left to branch on: before the search stops at this leaf, its whole-batch
+        # certificate prices narrow boxes exactly (Pareto labels), which only it can afford
+        return "exact whole", [(lo, hi, loc, w_lo, w_hi)]
+    return None
+
+
+def _log_open_leaves(heap: list[_Leaf]) -> None:
+    """At debug level, the three least open leaves: where the bound is held (cell and master)."""
+    for lf in sorted(heap)[:3] if logger.isEnabledFor(logging.DEBUG) else ():
+        logger.debug("open leaf P=%d..%d %.6g s depth %d: visit %s, %d local, %d spread, W (%.4g, %.4g]; master %s",
+                     lf.lo, lf.hi, lf.bound, lf.depth, sorted(lf.locality.visit), len(lf.locality.local),
+                     len(lf.locality.spread), lf.w_lo, lf.w_hi,
+                     "; ".join(f"{x:.3g} x {sh.stages}" for sh, x in lf.result.solution))
+
+
 def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: float, rest: dict[int, float],
                       deadline: float, seed_plans: tuple[Plan, ...] = (), rel_tol: float = 5e-4,
                       gap_tol: float = 1e-6, max_nodes: int = 5000, min_slice: float = 0.5,
@@ -321,41 +370,15 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
             heapq.heappush(heap, leaf)
             stats.stopped = "the least leaf has nothing to branch on"
             break
-        lo, hi, loc, w_lo, w_hi = leaf.lo, leaf.hi, leaf.locality, leaf.w_lo, leaf.w_hi
-        node = None
-        if lo == hi >= 2 and (leaf.settled or leaf.result.whole):  # P = 1: no sync to branch on
-            if lo not in penalties:
-                penalties[lo] = _spread_penalty(tables, lo)
-            # once the fractional master has converged, a node decision raises the bound more than
-            # the whole-batch phase does (measured on hexiscale-het2), so it comes first
-            node = _node_to_branch(tables, leaf, penalties[lo])
-        kind = "node"
-        if node is not None:  # no layer local at the node (all spread) | some layer is (all visit it)
-            quiet = loc
-            for m in _orbit(tables, loc, node):  # interchangeable undecided nodes: all quiet | one visited
-                quiet = quiet.with_quiet(m, tables.layers)
-            children = [(lo, hi, quiet, w_lo, w_hi), (lo, hi, loc.with_visit(node), w_lo, w_hi)]
-        elif not leaf.settled:
-            kind, children = "more columns", [(lo, hi, loc, w_lo, w_hi)]  # continue its column generation
-        elif lo < hi:
-            kind = "range"
-            children = [(a, b, loc, w_lo, w_hi) for a, b in _split(rest, lo, hi, upper) if mine(a, b)]
-        else:
-            step = _last_split(tables, leaf, upper, penalties.get(lo))
-            if step is not None and step[0] == "pair":
-                kind, pair = step
-                children = [(lo, hi, loc.with_local(*pair), w_lo, w_hi), (lo, hi, loc.with_spread(*pair), w_lo, w_hi)]
-            elif step is not None:  # the plan's sync + optimizer is at most the cut | above it
-                kind, cut = step
-                children = [(lo, hi, loc, w_lo, cut), (lo, hi, loc, cut, w_hi)]
-            elif leaf.result.whole and not leaf.exact and not leaf.result.exact and exact_pricing:
-                # nothing left to branch on: before the search stops at this leaf, its whole-batch
-                # certificate prices narrow boxes exactly (Pareto labels), which only it can afford
-                kind, children = "exact whole", [(lo, hi, loc, w_lo, w_hi)]
-            else:
-                stats.final += 1  # stays in leaves: its bound still counts for P
-                finals = min(finals, leaf.bound)
-                continue
+        lo, hi = leaf.lo, leaf.hi
+        if lo == hi >= 2 and lo not in penalties and (leaf.settled or leaf.result.whole):
+            penalties[lo] = _spread_penalty(tables, lo)
+        step = _branch(tables, leaf, rest, upper, penalties.get(lo), mine, exact_pricing)
+        if step is None:
+            stats.final += 1  # stays in leaves: its bound still counts for P
+            finals = min(finals, leaf.bound)
+            continue
+        kind, children = step
         leaves.remove(leaf)
         exact = leaf.exact or kind == "exact whole"  # (inherited: the cell's leaves stay at the end of the line)
         share = max(min_slice, (deadline - time.monotonic()) / max(SLICES, 2 * len(children), len(heap) + 1))
@@ -388,11 +411,7 @@ def best_first_bounds(tables: CostTables, bounds: dict[int, float], *, upper_s: 
                     ", ".join(f"{lf.bound:.6g}" for lf in leaves[-len(children):]))
     stats.open_leaves = len(heap)
     stats.stopped = stats.stopped or "no open leaf below the incumbent"
-    for lf in sorted(heap)[:3] if logger.isEnabledFor(logging.DEBUG) else ():  # where the bound is held
-        logger.debug("open leaf P=%d..%d %.6g s depth %d: visit %s, %d local, %d spread, W (%.4g, %.4g]; master %s",
-                     lf.lo, lf.hi, lf.bound, lf.depth, sorted(lf.locality.visit), len(lf.locality.local),
-                     len(lf.locality.spread), lf.w_lo, lf.w_hi,
-                     "; ".join(f"{x:.3g} x {sh.stages}" for sh, x in lf.result.solution))
+    _log_open_leaves(heap)
     for P in bounds if only is None else only & bounds.keys():  # every P searched lies in some leaf
         bounds[P] = max(bounds[P], min((lf.bound for lf in leaves if lf.lo <= P <= lf.hi), default=upper))
         bounds[P] = min(bounds[P], upper)
