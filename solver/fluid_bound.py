@@ -288,18 +288,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
     floors = ShapeFloors(tables, replicas, rest_s, locality, w_cap)
     master = _Master(caps, pmax, floors, pmin=replicas if LEAST_COUNT else 0, penalty=float(M))
     master.whole = whole
-    for s in pool:
-        master.add(s)
-    for plan in seed_plans:
-        for p in range(len(plan.pipelines)):
-            master.add(shape_of_pipeline(tables, plan, p))
-    # columns at π = 0 over a spread of caps: the fastest shape for each bottleneck level
-    if not pool:
-        grid = pr.u_floor * np.geomspace(1.0, 4.0 * tables.layers * max(1, min(tables.layers, len(caps) * 8)), 24)
-        _, shapes = pr.solve(grid, np.zeros(len(grid)), np.zeros(pr.N), None, floors.extras)
-        for s in shapes:
-            if s is not None:
-                master.add(s)
+    _first_columns(master, tables, pool, seed_plans)
     if upper_s is None:
         upper_s = min((s.total + floors(s) + (M - 1) * s.bottleneck for s in master.cols), default=math.inf)
     if not master.cols or not math.isfinite(upper_s):
@@ -312,8 +301,7 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
         rates = tables.layer_rates()
         pi = RATE_SHARE * M * rates / float(rates @ np.asarray(caps, dtype=float))
         cert, new, _ = certificate(tables, pi, 0.0, M, pmax, upper_s, deadline, rel=1e-3, replicas=replicas,
-                                   rest_s=rest_s, locality=locality, w_cap=w_cap,
-                                   pmin=master.pmin)
+                                   rest_s=rest_s, locality=locality, w_cap=w_cap, pmin=master.pmin)
         lb = max(lb, min(cert, upper_s))
         for sh in new:
             master.add(sh)
@@ -371,6 +359,23 @@ def fluid_lower_bound(tables: CostTables, *, pmax: int, replicas: int = 1, rest_
                        shapes=tuple(master.cols), last_duals=duals, solution=solution,
                        floors=tuple(floors(sh) for sh, _ in solution), replicas=replicas,
                        rest_s=rest_s, whole=master.whole, exact=exact_whole and master.whole)
+
+
+def _first_columns(master: _Master, tables: CostTables, pool: tuple[Shape, ...], seed_plans: tuple[Plan, ...]) -> None:
+    """A run's first columns: ``pool`` (an earlier run's), the seed plans' pipelines, and — without a
+    pool — the fastest shape at π = 0 for each of 24 bottleneck caps spread from the least stage time."""
+    for s in pool:
+        master.add(s)
+    for plan in seed_plans:
+        for p in range(len(plan.pipelines)):
+            master.add(shape_of_pipeline(tables, plan, p))
+    if not pool:
+        pr = pricer_for(tables)
+        grid = pr.u_floor * np.geomspace(1.0, 4.0 * tables.layers * max(1, min(tables.layers, len(master.caps) * 8)), 24)
+        _, shapes = pr.solve(grid, np.zeros(len(grid)), np.zeros(pr.N), None, master.floors.extras)
+        for s in shapes:
+            if s is not None:
+                master.add(s)
 
 
 def _master_root(master: _Master, M: int, lo: float, hi: float) -> tuple[float, float]:

@@ -533,6 +533,45 @@ def symmetric_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: 
     return best
 
 
+Best = tuple[float, Plan, str]  # (iteration time, plan, which candidate)
+
+
+def _sweep(problem: PlanProblem, ps: _PipelineSolver, profile: Profile, counts: list[int], *, seed: int,
+           patience: int, t0: float, time_limit: float | None, deadline: float | None,
+           ) -> tuple[Best | None, int, bool, list[int]]:
+    """The paper's outer search: for each pipeline count in ``counts`` the phase-1 groupings
+    (METIS, seeded), each finished by phase 2 and scored; stops after ``patience`` counts without
+    improvement or at ``time_limit`` (the first candidate is always tried). Returns the best
+    candidate, how many were tried, whether the time limit cut the sweep, and the counts visited."""
+    best: Best | None = None
+    tried, seen, truncated, best_i = 0, set(), False, 0
+    visited: list[int] = []
+    for i, P in enumerate(counts):
+        if best is not None and i - best_i > patience:
+            break                                   # no improvement for ``patience`` pipeline counts
+        visited.append(P)
+        for label, groups in _phase1(ps.graph, P, seed):
+            if time_limit is not None and tried and time.perf_counter() - t0 > time_limit:
+                truncated = True                    # (the first candidate is always tried)
+                break
+            key = tuple(tuple(g) for g in groups)
+            if key in seen:
+                continue
+            seen.add(key)
+            tried += 1
+            got = _candidate(problem, ps, groups, profile, below=math.inf if best is None else best[0],
+                             deadline=deadline)
+            if got is None:
+                continue
+            plan, ev = got
+            logger.debug("hexiscale P=%d %s: %.4f s", P, label, ev.iteration_time_s)
+            if best is None or ev.iteration_time_s < best[0]:
+                best, best_i = (ev.iteration_time_s, plan, f"P={P} {label}"), i
+        if truncated:
+            break
+    return best, tried, truncated, visited
+
+
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
                    time_limit: float | None = None, tau: int = 3, patience: int = 4,
                    seed_megatron: bool = True, symmetric: bool = True,
@@ -569,32 +608,8 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     table = StageCostTable(problem, profile)
     ps = _PipelineSolver(problem, table, tau)
     pmax = max_pipelines(problem)
-    best: tuple[float, Plan, str] | None = None
-    tried, seen, truncated, best_P = 0, set(), False, 0
-    counts, visited = pipeline_counts(pmax), []
-    for i, P in enumerate(counts):
-        if best is not None and i - best_P > patience:
-            break                                   # no improvement for ``patience`` pipeline counts
-        visited.append(P)
-        for label, groups in _phase1(ps.graph, P, seed):
-            if time_limit is not None and tried and time.perf_counter() - t0 > time_limit:
-                truncated = True                    # (the first candidate is always tried)
-                break
-            key = tuple(tuple(g) for g in groups)
-            if key in seen:
-                continue
-            seen.add(key)
-            tried += 1
-            got = _candidate(problem, ps, groups, profile, below=math.inf if best is None else best[0],
-                             deadline=deadline)
-            if got is None:
-                continue
-            plan, ev = got
-            logger.debug("hexiscale P=%d %s: %.4f s", P, label, ev.iteration_time_s)
-            if best is None or ev.iteration_time_s < best[0]:
-                best, best_P = (ev.iteration_time_s, plan, f"P={P} {label}"), i
-        if truncated:
-            break
+    best, tried, truncated, visited = _sweep(problem, ps, profile, pipeline_counts(pmax), seed=seed,
+                                             patience=patience, t0=t0, time_limit=time_limit, deadline=deadline)
     if seed_megatron and not truncated and problem.cluster.num_gpus <= MEGATRON_SEED_MAX_GPUS:
         meg = plan_megatron(problem, profile=profile)
         if meg.plan is not None and (best is None or meg.iteration_time_s < best[0]):
