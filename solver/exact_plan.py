@@ -200,12 +200,14 @@ class _ExactRun:
 
     def result(self, status: SolveStatus, plan: Plan | None, ev: Evaluation | None, bound: float | None,
                reason: str = "", log: str = "", objective: float = math.inf) -> SolveResult:
+        """The solve's result, timed from its start, with its params."""
         return SolveResult(solver=self.solver, status=status, plan=plan, evaluation=ev, objective_s=objective,
                            bound_s=bound, solve_time_s=time.monotonic() - self.t0, reason=reason,
                            params=self.params, log=log)
 
     @property
     def incumbent_s(self) -> float | None:
+        """The best plan's iteration time so far (None before any plan)."""
         return self.best[1].iteration_time_s if self.best is not None else None
 
     def run(self) -> SolveResult:

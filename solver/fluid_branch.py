@@ -269,7 +269,7 @@ def _branch(tables: CostTables, leaf: _Leaf, rest: dict[int, float], upper: floa
     generation while it has not ("more columns", the leaf itself), sub-ranges of P ("range"), then
     a (layer, node) pair or a W cut (:func:`_last_split`), then exact whole-batch pricing as the
     last resort ("exact whole"); None: the leaf is final. ``penalty``: the spread penalty of its P
-    (None for a range or P = 1, which have no node or pair to branch on)."""
+    (:func:`_spread_penalty`; None until one P's leaf first settles — ranges and P = 1 need none)."""
     lo, hi, loc, w_lo, w_hi = leaf.lo, leaf.hi, leaf.locality, leaf.w_lo, leaf.w_hi
     node = None
     if lo == hi >= 2 and (leaf.settled or leaf.result.whole) and penalty is not None:  # P = 1: no sync
