@@ -277,14 +277,15 @@ class _BoxSearch:
         while self.heap and calls < max_dp and (deadline is None or time.monotonic() < deadline):
             bound, _, box, s = self.heap[0]
             reached = bound >= self.best_exact - rel * abs(self.best_exact)
+            flats = self._flat(box)
             # closed: the least bound reaches the best shape found, or it is a point box (exact; with
             # whole batches a point of π·g is still a Lagrangian bound, and so is a label front that
             # was thinned: the search stops unclosed there)
-            if reached or self._point(box):
+            if reached or (all(flats) and self._g_flat(box)):
                 closed = reached or not self.whole or (box[4] < 0 and not self.relaxed)
                 break
             heapq.heappop(self.heap)
-            self._cut(bound, box, s)
+            self._cut(bound, box, s, flats)
             calls += 1
         cert = self.heap[0][0] if self.heap else self.top
         if self.labels:  # the label boxes leave out shapes above the best one found, which bounds them all
@@ -301,19 +302,18 @@ class _BoxSearch:
         return (hi <= lo * (1 + 1e-9), b_eff - a_eff <= 1e-9 * max(1.0, abs(b_eff)),
                 ob_eff - oa_eff <= 1e-9 * max(1.0, abs(ob_eff)))
 
-    def _point(self, box: Box) -> bool:
-        """Flat in every dimension (π·g too with whole batches, unless it is a label box)."""
+    def _g_flat(self, box: Box) -> bool:
+        """Flat in π·g: always in fractional boxes (they do not cut it) and label boxes (exact in it)."""
         g0, g1 = box[4], box[5]
-        g_flat = not self.whole or g0 < 0 or min(g1, self.g_top) - g0 <= 1e-9 * max(1.0, g0)
-        return all(self._flat(box)) and g_flat
+        return not self.whole or g0 < 0 or min(g1, self.g_top) - g0 <= 1e-9 * max(1.0, g0)
 
-    def _cut(self, bound: float, box: Box, s: Shape) -> None:
+    def _cut(self, bound: float, box: Box, s: Shape, flats: tuple[bool, bool, bool]) -> None:
         """Split the least box along the relaxation that costs its own argmin ``s`` most: U at lo, max σ
-        at a or max o at oa (then π·g: whole batches), and price the halves."""
+        at a or max o at oa (then π·g: whole batches), and price the halves; ``flats``: :meth:`_flat`."""
         lo, hi, a, b, g0, g1, oa, ob = box
         a_eff, b_eff = max(a, self.s0), min(b, self.w_top)
         oa_eff, ob_eff = max(oa, self.o0), min(ob, self.o_top)
-        u_flat, s_flat, o_flat = self._flat(box)
+        u_flat, s_flat, o_flat = flats
         w_flat = s_flat and o_flat
         if self.whole:
             slack_u = (s.bottleneck - lo) * self.k_of(s)
