@@ -57,6 +57,16 @@ WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm st
 # the heuristics' share of the time limit; hexiscale's sweep over pipeline counts may use all of it (512 GPUs:
 # ~23 s; cut at 10 s it ended at 3.146 s against 2.947 s), its grouping search and polish stop at 10 s
 WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
+FLUID_SHARE = 0.6  # of the time left after the warm start, for the fluid search when it runs in this process
+# below FLUID_PARALLEL_MIN_S, where no P-model could be built and called in the time the models would get (too big,
+# or its build and first call alone would outlast it: 256-512 GPUs at 10-15 s, or 128 through PuLP), that time would
+# go unused: the warm start then gets this share of the limit (at 25 % hexiscale's sweep over pipeline counts is cut
+# short) and the fluid search this share of the rest, ending FLUID_ALONE_MARGIN of the limit (at least 1 s) before
+# it: its last steps overshoot their deadline at 512 GPUs by 0.7-1.3 s. One cpsat solve each way (2026-12-06,
+# 14:00 UTC): gen-256 at 15 s plan 3.172 -> 2.982 s, gap 30.1 -> 26.4 %, 10.6 -> 13.0 s; at 10 s 4.480 -> 2.982 s,
+# 61.6 -> 42.2 %; gen-512 at 15 s 3.634 -> 3.185 s, 52.6 -> 45.9 %, 11.2 -> 13.1 s; at 10 s 3.828 -> 3.372 s.
+# (A warm start of 0.7 gave gen-512 3.061 s but gen-256's bound 2.217 -> 1.723 s.)
+WARM_START_ALONE_SHARE, FLUID_ALONE_SHARE, FLUID_ALONE_MARGIN = 0.5, 0.97, 0.15
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
@@ -131,26 +141,28 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     build a P-model and make the first call beyond the search (a model that would not fit the time
     left is not built: :data:`BUILD_AND_CALL_S_PER_TERM` for CP-SAT, more through PuLP).
 
-    Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics, each given 25 %
-    of the limit, hints the model and cuts off worse plans; where hexiscale's grouping search ran out of
-    its min(10 s, 25 %) and the fluid search runs in a child, it goes on here meanwhile, ``params['regroup_more']``;
-    with the child, plans of identical pipelines are first listed here beyond hexiscale's step budget
-    for ``symmetric_more_s`` seconds (default min(10 s, 10 % of the limit); False: not at all),
-    ``params['symmetric_more']``),
+    Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics, each given
+    25 % of the limit — 50 % where, below 20 s, no P-model could be built and called in the time left to
+    the models, ``params['models_fit']`` False — hints the model and cuts off worse plans; where
+    hexiscale's grouping search ran out of its min(10 s, 25 %) and the fluid search runs in a child, it
+    goes on here meanwhile, ``params['regroup_more']``; with the child, plans of identical pipelines are
+    first listed here beyond hexiscale's step budget for ``symmetric_more_s`` seconds (default
+    min(10 s, 10 % of the limit); False: not at all), ``params['symmetric_more']``),
     ``initial_plan`` (a Plan used the same way), ``max_pipelines`` (cap P; the bound is then only over
     the P explored and the result cannot be optimal),
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
-    ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at most
-    ``fluid_share`` = 60 % of the time; it proves P values unable to beat the incumbent; with
-    ``fluid_parallel`` — default: when the time limit is at least 20 s and a second core and
-    ``fork`` are available — it runs instead in a forked child for the whole time limit while the
-    exact models run here, and its bounds and rounded plans join theirs at the end; with
-    ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and
-    this process, after giving the exact models ``exact_share`` = 5 % of the time, the odd ones),
+    ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at
+    most ``fluid_share`` = 60 % of the time, 97 % where no P-model fits; it proves P values unable to
+    beat the incumbent; with ``fluid_parallel`` — default: when the time limit is at least 20 s and a
+    second core and ``fork`` are available — it runs instead in a forked child for the whole time limit
+    while the exact models run here, and its bounds and rounded plans join theirs at the end; with
+    ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and this
+    process, after giving the exact models ``exact_share`` = 2 % of the time, the odd ones),
     ``shape_bound`` (default True unless split: the order-free shape enumeration bound of
-    :mod:`.shape_bound`, given at most 50 % of the time), ``max_model_rows`` (P-models estimated larger are skipped: their bound stays the total-work
-    bound and the result cannot be optimal), ``export_model`` (path: write the first P-model built as
-    an LP file, e.g. for a bug report), ``workers``, ``log``.
+    :mod:`.shape_bound`, given at most 25 % of the models' time), ``max_model_rows`` (P-models estimated
+    larger are skipped: their bound stays the total-work bound and the result cannot be optimal),
+    ``export_model`` (path: write the first P-model built as an LP file, e.g. for a bug report),
+    ``workers``, ``log``.
     """
     opts = dict(options or {})
     slot = opts.get("symmetric_more_s", True)  # seconds for identical pipelines beside the fluid child
@@ -167,6 +179,8 @@ class _ExactRun:
     tables: CostTables
     pmax: int
     gmin: int  # fewest GPUs per pipeline
+    parallel: bool  # the fluid search runs in a child on a second core
+    alone: bool  # no P-model could run in its share: the warm start and the fluid search share all the time
     scale: float  # ticks per second of the integer time scale
     rate: float  # the a-priori bound: total work over total rate (or the shape bound)
     p_values: list[int]  # the pipeline counts modelled, in order
@@ -219,11 +233,18 @@ class _ExactRun:
             return self.result(SolveStatus.INFEASIBLE, None, None, None,
                                short or "memory: no group of GPUs can hold the model states of "
                                         f"{problem.model.name}; see `hexhelix gpus` for capacities")
+        self.gmin = min_gpus_per_pipeline(tables)
+        parallel = opts.get("fluid_parallel")
+        self.parallel = can_fork() and (self.limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
+        # no P-model could run in its share of the time: the warm start and the fluid search take it all
+        self.alone = not self.parallel and not self._some_model_fits(
+            (1 - WARM_START_SHARE) * self.limit * (1 - float(opts.get("fluid_share", FLUID_SHARE))))
+        self.params["models_fit"] = not self.alone
         unfinished: list[Plan] = []  # hexiscale's plan when its grouping search ran out of the warm-start budget
-        for plan in _warm_start_plans(problem, self.seed, self.profile, opts, budget=WARM_START_SHARE * self.limit,
+        warm = WARM_START_ALONE_SHARE if self.alone else WARM_START_SHARE
+        for plan in _warm_start_plans(problem, self.seed, self.profile, opts, budget=warm * self.limit,
                                       unfinished=unfinished):
             self._offer(plan, evaluate(plan, self.profile))
-        self.gmin = min_gpus_per_pipeline(tables)
         self.scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
         self.rate = tables.gpu_rate_bound()
         if opts.get("depth_bound", True) and self.best is not None and memory_depends_on_depth(tables):
@@ -277,8 +298,7 @@ class _ExactRun:
         inc = self.incumbent_s
         # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
         settled = frozenset(P for P, b in self.depth.items() if inc is not None and b >= inc * (1 - self.gap_tol))
-        parallel = opts.get("fluid_parallel")
-        parallel = can_fork() and (self.limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
+        parallel = self.parallel
         split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
         self.params["fluid_parallel"] = parallel
         # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
@@ -290,8 +310,11 @@ class _ExactRun:
                 self.job = start_fluid(tables, pmax, t, plan, self.solve_deadline,
                                        only=theirs if split else (mine | theirs) if settled else None)
             else:
-                self.take_fluid(run_fluid(tables, pmax, t, plan, self._share_of_rest(float(opts.get("fluid_share", 0.6))),
-                                          only=(mine | theirs) if settled else None))
+                share = float(opts.get("fluid_share", FLUID_ALONE_SHARE if self.alone else FLUID_SHARE))
+                until = self._share_of_rest(share)
+                if self.alone:  # its last steps overshoot the deadline (512 GPUs at 15 s: by 0.7-1.3 s)
+                    until = min(until, self.deadline - max(FLUID_COLLECT_S, FLUID_ALONE_MARGIN * self.limit))
+                self.take_fluid(run_fluid(tables, pmax, t, plan, until, only=(mine | theirs) if settled else None))
         return split and self.job is not None, mine  # no fluid search (option, or no incumbent): nothing to split
 
     def take_fluid(self, out: FluidOutcome) -> None:
@@ -394,15 +417,29 @@ class _ExactRun:
             if not progress_made and (until - time.monotonic() <= 0.05 or not attempted):
                 break
 
+    def _model_size(self, P: int) -> tuple[int, int, int]:
+        """P's model: stage slots K per pipeline, node-pair terms and estimated rows."""
+        problem = self.problem
+        K = max(1, min(problem.model.layers, problem.cluster.num_gpus - (P - 1) * self.gmin))
+        terms = P * K * len(problem.cluster.nodes) ** 2
+        return K, terms, P * K * len(self.tables.options) * (8 + K) + terms
+
+    def _some_model_fits(self, seconds: float) -> bool:
+        """Whether some P-model is small enough to build and could be built and called within
+        ``seconds`` (the tests a pass makes before building one, :meth:`_model_pass`)."""
+        cap = int(self.opts.get("max_pipelines") or self.pmax)
+        for P in range(1, min(self.pmax, cap) + 1):
+            _, terms, size = self._model_size(P)
+            if size <= self.max_rows and _unbuilt_cost_s(terms, self.build_s_per_term) < seconds:
+                return True
+        return False
+
     def _model_pass(self, P: int, until: float, remaining: float, p_deadline: float) -> bool | None:
         """One pass's turn of P: its model built if it fits the time and size, then solved and cut to
         ``p_deadline``. Returns whether a backend call was made; None when P was passed over."""
-        problem, tables = self.problem, self.tables
-        L, N = problem.model.layers, problem.cluster.num_gpus
+        tables = self.tables
         ub = self.incumbent_s
-        K = max(1, min(L, N - (P - 1) * self.gmin))
-        terms = P * K * len(problem.cluster.nodes) ** 2
-        size = P * K * len(tables.options) * (8 + K) + terms
+        K, terms, size = self._model_size(P)
         need = self.fixed.get(P, 0.0) if P in self.models else _unbuilt_cost_s(terms, self.build_s_per_term)
         if need >= p_deadline - time.monotonic() and size <= self.max_rows:
             if need >= remaining:

@@ -457,3 +457,44 @@ def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_tim
                                  options={"fluid_bound": False, "shape_bound": False})
     assert res.status is SolveStatus.TIMEOUT and time.monotonic() - t0 < 6.0 + 0.2
     assert len(calls) >= 4 and min(calls) > 0.3
+
+
+def test_below_twenty_seconds_where_no_model_fits_the_heuristics_and_the_fluid_search_take_all_the_time(
+        monkeypatch) -> None:
+    """Below 20 s the fluid search runs in this process for 60 % of the time the warm start leaves, the
+    P-models get the rest. Where no P-model could be built and called in that rest (256–512 GPUs at
+    15 s) the time would go unused: the warm start then gets half the limit (hexiscale's sweep is cut at
+    a quarter) and the fluid search 97 % of what is left, up to a second before the limit; the solve
+    says so (``models_fit``)."""
+    from hexhelix.solver import exact_plan
+
+    budgets: list[float] = []
+    shares: list[float] = []  # the fluid search's deadline as a share of the time left when it starts
+    lasts: list[float] = []
+    warm, fluid = exact_plan._warm_start_plans, exact_plan.run_fluid
+
+    def record_warm(*args, budget: float, **kwargs):
+        budgets.append(budget)
+        return warm(*args, budget=budget, **kwargs)
+
+    def record_fluid(tables, pmax, upper, plan, deadline, **kwargs):
+        now = time.monotonic()
+        shares.append((deadline - now) / (end - now))
+        lasts.append(end - deadline)  # how long before the limit it ends
+        return fluid(tables, pmax, upper, plan, deadline, **kwargs)
+
+    monkeypatch.setattr(exact_plan, "_warm_start_plans", record_warm)
+    monkeypatch.setattr(exact_plan, "run_fluid", record_fluid)
+    pb = make_problem()
+    end = time.monotonic() + 4.0
+    res = solve(pb, "cpsat", time_limit=4.0)
+    assert res.params["models_fit"] and budgets[-1] == pytest.approx(1.0) and shares[-1] == pytest.approx(0.6, abs=0.02)
+    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", lambda terms, per_term_s=0.0: 1e9)  # no model fits
+    end = time.monotonic() + 4.0
+    res = solve(pb, "cpsat", time_limit=4.0)
+    assert not res.params["models_fit"] and budgets[-1] == pytest.approx(2.0) and res.plan is not None
+    # 97 % of the rest, but ending at least a second before the limit (its last steps may overshoot)
+    assert shares[-1] > 0.6 + 0.05 and lasts[-1] == pytest.approx(1.0, abs=0.02)
+    # from 20 s on (the fluid search in a child for the whole limit) nothing is left unused: no change
+    res = solve(pb, "cpsat", time_limit=4.0, options={"fluid_parallel": True})
+    assert res.params["models_fit"] and budgets[-1] == pytest.approx(1.0)
