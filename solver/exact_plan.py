@@ -374,8 +374,7 @@ class _ExactRun:
     def _pipeline_counts(self) -> list[int]:
         """The pipeline counts to model: the incumbent's first (best cutoff early), then the most
         promising by fluid (or depth) bound. Settles the fluid bounds found so far."""
-        cap = int(self.opts.get("max_pipelines") or self.pmax)
-        p_values = list(range(1, min(self.pmax, cap) + 1))
+        p_values = self._modelled_counts()
         if self.best is not None and len(self.best[0].pipelines) in p_values:
             p_values.remove(len(self.best[0].pipelines))
             p_values.insert(0, len(self.best[0].pipelines))
@@ -384,6 +383,11 @@ class _ExactRun:
             head = p_values[0]
             p_values.sort(key=lambda P: (P != head, max(self.fluid.get(P, 0.0), self.depth.get(P, 0.0))))
         return p_values
+
+    def _modelled_counts(self) -> list[int]:
+        """1 … P_max, capped by the ``max_pipelines`` option."""
+        cap = int(self.opts.get("max_pipelines") or self.pmax)
+        return list(range(1, min(self.pmax, cap) + 1))
 
     def _floor(self, P: int) -> float:
         """P's bound before its model says anything: the total-work (or shape) bound, fluid, depth."""
@@ -427,8 +431,7 @@ class _ExactRun:
     def _some_model_fits(self, seconds: float) -> bool:
         """Whether some P-model is small enough to build and could be built and called within
         ``seconds`` (the tests a pass makes before building one, :meth:`_model_pass`)."""
-        cap = int(self.opts.get("max_pipelines") or self.pmax)
-        for P in range(1, min(self.pmax, cap) + 1):
+        for P in self._modelled_counts():
             _, terms, size = self._model_size(P)
             if size <= self.max_rows and _unbuilt_cost_s(terms, self.build_s_per_term) < seconds:
                 return True
