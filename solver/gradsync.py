@@ -31,28 +31,80 @@ def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, 
     no sync (empty)."""
     if len(plan.pipelines) < 2:
         return {}
-    cl, tr = plan.problem.cluster, plan.problem.training
-    devices = cl.devices()
+    tr = plan.problem.training
+    links = _links_of(plan.problem.cluster)
+    node_of = links.node_of
     per_gpu: dict[int, float] = defaultdict(float)
     seen: dict[tuple, float] = {}  # (holders' nodes, payload) -> seconds: most layers repeat a few patterns
     for piece in slice_pieces(plan):
         payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
-        nodes = tuple(devices[g].node for g in piece.gpus)
+        nodes = tuple(node_of[g] for g in piece.gpus)
         t = seen.get((nodes, payload))
         if t is None:
             t = seen[(nodes, payload)] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
-                                                              _slowest_link(cl, nodes), profile)
+                                                              links.slowest(nodes), profile)
         for g in set(piece.gpus):
             per_gpu[g] += t
     return dict(per_gpu)
 
 
-def _slowest_link(cl: Cluster, nodes: tuple[int, ...]) -> cost.Link:
-    """The slowest link between any two holders (a node holding two of them: its own link); pairs
-    in their first-met order, so ties resolve as over the full list."""
-    pairs = dict.fromkeys((a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:])
-    links = [cost.cluster_link(cl, a, b) for a, b in pairs]
-    return min(links, key=cost.link_order)
+class _Links:
+    """A cluster's links between every two nodes, tabulated once, and the slowest link among each
+    holder pattern met (planners score thousands of plans whose pieces repeat a few patterns)."""
+
+    MAX_PATTERNS = 1 << 16
+
+    def __init__(self, cl: Cluster) -> None:
+        n = len(cl.nodes)
+        self.node_of = [d.node for d in cl.devices()]
+        self.link = [[cost.cluster_link(cl, a, b) for b in range(n)] for a in range(n)]
+        self.order = [[cost.link_order(lk) for lk in row] for row in self.link]
+        self._slowest: dict[tuple[int, ...], cost.Link] = {}
+
+    def slowest(self, nodes: tuple[int, ...]) -> cost.Link:
+        """The slowest link between any two holders (a node holding two of them: its own link); of
+        equally slow links the first met in the order of pairs (i < j) of the holders."""
+        lk = self._slowest.get(nodes)
+        if lk is None:
+            if len(self._slowest) >= self.MAX_PATTERNS:
+                self._slowest.clear()
+            lk = self._slowest[nodes] = self._first_slowest(nodes)
+        return lk
+
+    def _first_slowest(self, nodes: tuple[int, ...]) -> cost.Link:
+        # pair (a, b) is first met at a's first position and b's first position after it, so walking
+        # each distinct a from its first position visits the distinct pairs in first-met order
+        best: tuple[int, int] | None = None
+        best_order = 0.0
+        lefts: set[int] = set()
+        for i, a in enumerate(nodes):
+            if a in lefts:
+                continue
+            lefts.add(a)
+            row, rights = self.order[a], set()
+            for b in nodes[i + 1:]:
+                if b in rights:
+                    continue
+                rights.add(b)
+                if best is None or row[b] < best_order:
+                    best, best_order = (a, b), row[b]
+        if best is None:
+            raise ValueError("a piece needs at least two holders")
+        return self.link[best[0]][best[1]]
+
+
+_TABLES: dict[tuple, _Links] = {}
+
+
+def _links_of(cl: Cluster) -> _Links:
+    """The link table of ``cl`` (kept for a few clusters: its identity is its nodes and links)."""
+    key = (cl.nodes, cl.inter_GBps, cl.latency_us, cl.links)
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) >= 8:
+            _TABLES.clear()
+        table = _TABLES[key] = _Links(cl)
+    return table
 
 
 def grad_sync_time(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> float:

@@ -74,3 +74,34 @@ def test_every_gpu_syncs_the_pieces_it_holds_at_their_holders_slowest_link(small
     assert got.keys() == want.keys() and len(got) == plan.num_gpus_used
     for g in want:
         assert got[g] == pytest.approx(want[g], rel=1e-12), g
+
+
+def test_pieces_sync_at_the_slowest_link_of_their_holders_under_per_pair_links() -> None:
+    """Four nodes of two A100s with their own intra links and per-pair overrides (one pair faster,
+    one slower than the default): every holder pattern of pipelines spread over them, several
+    plans scored one after another (the link table and its patterns are reused across plans)."""
+    from hexhelix.ir.cluster import Cluster
+
+    cl = Cluster.from_dict({
+        "name": "linked", "inter_GBps": 10, "latency_us": 20,
+        "nodes": [{"name": f"n{i}", "gpu": "A100-SXM4-80GB", "count": 2, "intra_GBps": bw}
+                  for i, bw in enumerate((300, 100, 300, 50))],
+        "links": [{"between": ["n0", "n1"], "GBps": 40}, {"between": ["n2", "n3"], "GBps": 2, "latency_us": 5}],
+    })
+    problem = PlanProblem(cluster=cl, model=THIRDS, training=TrainingConfig(global_batch=8, micro_batch=1,
+                                                                             seq_len=1024))
+    layouts = [
+        [[stage(0, (0,), 0, 4), stage(1, (2,), 4, 8)], [stage(0, (1,), 0, 2), stage(2, (4,), 2, 8)],
+         [stage(3, (6, 7), 0, 8)]],
+        [[stage(2, (4, 5), 0, 8)], [stage(3, (6,), 0, 3), stage(0, (0,), 3, 8)],
+         [stage(1, (2,), 0, 5), stage(3, (7,), 5, 8)], [stage(0, (1,), 0, 8)]],
+        [[stage(1, (2, 3), 0, 8)], [stage(3, (6, 7), 0, 8)]],
+    ]
+    for pipes in layouts:
+        mbs = [2] * (len(pipes) - 1) + [8 - 2 * (len(pipes) - 1)]
+        plan = Plan(problem=problem, pipelines=tuple(PipelinePlan(stages=tuple(p), micro_batches=m)
+                                                     for p, m in zip(pipes, mbs)))
+        got, want = gpu_sync_times(plan), reference_sync(plan)
+        assert got.keys() == want.keys()
+        for g in want:
+            assert got[g] == pytest.approx(want[g], rel=1e-12), (pipes, g)
