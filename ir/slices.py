@@ -28,27 +28,32 @@ class SlicePiece:
     gpus: tuple[int, ...]  # one per pipeline, in pipeline order
 
 
-def _holders(plan: Plan, unit: str) -> list[tuple[int, ...]]:
-    """Per pipeline, the GPUs (in TP-rank order) of the stage holding ``unit``. Under W-shape
+def _holders(plan: Plan) -> dict[str, list[tuple[int, ...]]]:
+    """Per unit, per pipeline the GPUs (in TP-rank order) of the stage holding it. Under W-shape
     folding the head sits on stage 0 and each stage holds a down-leg and an up-leg layer range."""
     from .schedules import fold_layers
 
     folded = plan.problem.schedule == "wshape"
     nlayers = plan.problem.model.layers
-    out = []
+    out: dict[str, list[tuple[int, ...]]] = {"embedding": [], **{f"layer.{i}": [] for i in range(nlayers)},
+                                             "head": []}
     for pipe in plan.pipelines:
-        if unit == "embedding" or (unit == "head" and folded):
-            out.append(pipe.stages[0].gpus)
-        elif unit == "head":
-            out.append(pipe.stages[-1].gpus)
+        at: list[tuple[int, ...] | None] = [None] * nlayers
+        if folded:
+            legs = fold_layers([s.num_layers for s in pipe.stages], nlayers)
+            ranges = [(s.gpus, r) for s, (d, u) in zip(pipe.stages, legs) for r in (d, u)]
         else:
-            layer = int(unit.split(".")[1])
-            if folded:
-                legs = fold_layers([s.num_layers for s in pipe.stages], nlayers)
-                out.append(next(s.gpus for s, (d, u) in zip(pipe.stages, legs)
-                                if d[0] <= layer < d[1] or u[0] <= layer < u[1]))
-            else:
-                out.append(next(s.gpus for s in pipe.stages if s.layers[0] <= layer < s.layers[1]))
+            ranges = [(s.gpus, s.layers) for s in pipe.stages]
+        for gpus, (lo, hi) in ranges:  # the first stage holding a layer keeps it
+            for layer in range(max(0, lo), min(hi, nlayers)):
+                if at[layer] is None:
+                    at[layer] = gpus
+        out["embedding"].append(pipe.stages[0].gpus)
+        out["head"].append(pipe.stages[0 if folded else -1].gpus)
+        for layer, gpus in enumerate(at):
+            if gpus is None:
+                raise ValueError(f"no stage of a pipeline holds layer {layer}")
+            out[f"layer.{layer}"].append(gpus)
     return out
 
 
@@ -57,10 +62,9 @@ def slice_pieces(plan: Plan) -> list[SlicePiece]:
 
     >>> # two pipelines, TP 2 and TP 1: each layer is cut in halves, each half all-reduced by 2 GPUs
     """
-    units = ["embedding", *(f"layer.{i}" for i in range(plan.problem.model.layers)), "head"]
     pieces: list[SlicePiece] = []
-    for unit in units:
-        pieces += cut_unit(unit, _holders(plan, unit))
+    for unit, holders in _holders(plan).items():
+        pieces += cut_unit(unit, holders)
     return pieces
 
 

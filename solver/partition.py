@@ -258,8 +258,7 @@ def grouped_stripes(device_graph: nx.Graph, groups: int, stripes: int, *, seed: 
     >>> [len(p) for p in grouped_stripes(g, 2, 2)]
     [4, 4, 4, 4]
     """
-    blocks = group_by_node(device_graph, list(device_graph.nodes))
-    coarse = coarsen(device_graph, blocks)
+    blocks, coarse = _machine_graph(device_graph)
     k = max(1, min(groups, len(blocks)))
     node_groups = metis_partition(coarse, list(coarse.nodes), k, weighting="bandwidth", seed=seed)
     out: list[list[int]] = []
@@ -267,6 +266,20 @@ def grouped_stripes(device_graph: nx.Graph, groups: int, stripes: int, *, seed: 
         gpus = [g for i in ng for g in blocks[i]]
         out.extend(stripe_pipelines(device_graph, max(1, min(stripes, len(gpus))), gpus))
     return sorted(out, key=lambda p: p[0])
+
+
+_MACHINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (key, blocks, coarse graph)
+
+
+def _machine_graph(device_graph: nx.Graph) -> tuple[list[list[int]], nx.Graph]:
+    """The device graph's GPUs by machine and their coarsened graph, built once per graph: the
+    sweep over pipeline counts asks for it once per count (64 machines: 2,016 pairs of 64 edges)."""
+    key = (device_graph.number_of_nodes(), device_graph.number_of_edges())
+    hit = _MACHINES.get(device_graph)
+    if hit is None or hit[0] != key:
+        blocks = group_by_node(device_graph, list(device_graph.nodes))
+        hit = _MACHINES[device_graph] = (key, blocks, coarsen(device_graph, blocks))
+    return hit[1], hit[2]
 
 
 def split_pipeline(device_graph: nx.Graph, gpus: Sequence[int], k: int, *, seed: int = 0) -> list[list[int]]:

@@ -85,14 +85,30 @@ def top_tau_paths(weights: Sequence[Sequence[float]], tau: int = 3) -> list[tupl
     if n == 1:
         return [(0.0, (0,))]
     t = _effective_tau(n, max(1, tau))
-    found: dict[tuple[int, ...], float] = {}
     ranked = _ranked(weights)
+    found: list[tuple[float, tuple[int, ...]]] = []
     for start in range(n):
-        for choice in itertools.product(range(t), repeat=n - 1):
-            path = tuple(_walk(ranked, start, choice))
-            if path not in found:
-                found[path] = path_score(weights, path)
-    return sorted(((s, p) for p, s in found.items()), key=lambda sp: (-sp[0], sp[1]))
+        _extend(ranked, weights, t, [start], {start}, 0, found)
+    return sorted(found, key=lambda sp: (-sp[0], sp[1]))
+
+
+def _extend(ranked: list[list[int]], weights: Sequence[Sequence[float]], t: int, path: list[int], seen: set[int],
+            score: float, found: list[tuple[float, tuple[int, ...]]]) -> None:
+    """Every completion of ``path`` by top-``t`` steps, each distinct path once: a choice k beyond
+    the unvisited neighbours left takes the last one, the same path as the last k that fits, so each
+    step branches over the first min(t, left) of them (what :func:`_walk` over every choice gives);
+    the score adds edges in path order, as :func:`path_score` does."""
+    if len(path) == len(ranked):
+        found.append((score, tuple(path)))
+        return
+    u = path[-1]
+    left = [v for v in ranked[u] if v not in seen]
+    for v in left[:t]:
+        path.append(v)
+        seen.add(v)
+        _extend(ranked, weights, t, path, seen, score + weights[u][v], found)
+        seen.discard(v)
+        path.pop()
 
 
 def best_stage_order(weights: Sequence[Sequence[float]], tau: int = 3) -> tuple[int, ...]:

@@ -153,6 +153,32 @@ def test_top_tau_path_maximises_bandwidth_and_released_quirks():
     assert released_stage_order(w) == (1, 2, 0)
 
 
+def test_top_tau_paths_are_the_walks_of_every_choice_vector_each_once():
+    """The paper's definition, enumerated: from every start, for every selection vector in
+    {0..τ−1}^(n−1), step to the k-th best unvisited part (the last one when fewer are left);
+    each distinct path once, scored by its bandwidth sum, best first, ties by path (τ lowered
+    while n·τ^(n−1) exceeds 5,000 walks)."""
+    def walk(w, start, choice):
+        path = [start]
+        for k in choice:
+            left = sorted((v for v in range(len(w)) if v not in path), key=lambda v: (-w[path[-1]][v], v))
+            path.append(left[min(k, len(left) - 1)])
+        return tuple(path)
+
+    rng = random.Random(11)
+    for _ in range(60):
+        n, tau = rng.randint(1, 6), rng.randint(1, 4)
+        w = [[0.0] * n for _ in range(n)]
+        for i, j in itertools.combinations(range(n), 2):
+            w[i][j] = w[j][i] = rng.choice([5e9, 12e9, 25e9, 300e9, rng.uniform(1e9, 1e10)])
+        t = tau
+        while t > 1 and n * t ** (n - 1) > 5000:
+            t -= 1
+        paths = {walk(w, s, ch) for s in range(n) for ch in itertools.product(range(t), repeat=n - 1)}
+        want = sorted(((path_score(w, p), p) for p in paths), key=lambda sp: (-sp[0], sp[1]))
+        assert top_tau_paths(w, tau) == want
+
+
 # ----------------------------------------------------------------------------- assignment
 def _brute_layers(a, b, caps, L, m, lo=1):
     best = None
