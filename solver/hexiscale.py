@@ -595,7 +595,7 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     ``params['regroup_stopped']`` says why it ended: local optimum, budget, time, or off).
     ``improve_s`` (seconds from the start, default the time limit) ends that search and the final
     polish earlier than the sweep: the exact planner's warm start lets the sweep of a large cluster
-    finish (512 GPUs: ~23 s) while keeping the improvement of a small one to its 10 s.
+    finish (512 GPUs: 16 s) while keeping the improvement of a small one to its 10 s.
     """
     if isinstance(regroup_evals, bool) or not isinstance(regroup_evals, int) or regroup_evals < 0:
         raise InvalidInputError(f"must be a whole number of groupings >= 0 (0 turns the search off), "
