@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hexhelix.ir.plan import PipelinePlan, Plan, StagePlan
@@ -160,14 +161,72 @@ class PlanModel:
         self.cuts += 1
 
 
+@dataclass
+class _Vars:
+    """The P-model's sizes, tick rounding and variable families (docs/formulation.md §4), shared by
+    the constraint blocks below."""
+
+    tables: CostTables
+    tk: Callable[[float], int]
+    P: int
+    K: int
+    L: int
+    C: int
+    M: int
+    mmax: int
+    u_hi: int
+    x: dict[tuple[int, int, int], int]
+    y: dict[tuple[int, int, int], int]
+    mb: dict[tuple[int, int], int]
+    lay: dict[tuple[int, int, int], int]
+    hl: dict[tuple[int, int, int], int]
+    u: dict[tuple[int, int], int]
+    U: dict[int, int]
+    w: dict[tuple[int, int], int]
+    comm: dict[tuple[int, int], int]
+    t_pipe: int
+    t_sync: int
+    t_opt: int
+
+    def s(self, p: int, k: int) -> dict[int, int]:
+        """Stage k of pipeline p is used: Σ_c x[p,k,c] (empty past the last slot)."""
+        return {self.x[p, k, c]: 1 for c in range(self.C)} if k < self.K else {}
+
+    def last(self, p: int, k: int) -> dict[int, int]:
+        """Stage k is the last one: s[k] − s[k+1]."""
+        d = dict(self.s(p, k))
+        for i, v in self.s(p, k + 1).items():
+            d[i] = d.get(i, 0) - v
+        return d
+
+
 def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale: float,
                      cutoff_s: float | None = None, pipe_lb_s: float | None = None) -> PlanModel:
     """Build the P-pipeline model (``pipelines`` = P, at most ``max_stages`` stages per pipeline).
     ``pipe_lb_s``: a known valid lower bound on the slowest pipeline (default: the total-work bound)."""
+    lin = LinearModel()
+    mv = _variables(lin, tables, pipelines, max_stages, scale, cutoff_s)
+    usage = _add_assignment(lin, mv)
+    _add_layers(lin, mv)
+    _add_micro_batches(lin, mv)
+    _add_memory(lin, mv)
+    _add_stage_times(lin, mv)
+    _add_work_bound(lin, mv)
+    _add_optimizer_and_sync(lin, mv)
+    # -- valid inequalities and cutoff
+    lin.add({mv.t_pipe: 1}, ">=", mv.tk(max(tables.gpu_rate_bound(), pipe_lb_s or 0.0)), "rate_bound")
+    if cutoff_s is not None:
+        lin.add(dict(lin.objective), "<=", math.ceil(cutoff_s * scale), "cutoff")
+    _add_symmetry_breaking(lin, tables, usage)
+    return PlanModel(tables=tables, pipelines=mv.P, max_stages=mv.K, scale=scale, lin=lin, x=mv.x, y=mv.y, mb=mv.mb,
+                     lay=mv.lay, t_sync=mv.t_sync)
+
+
+def _variables(lin: LinearModel, tables: CostTables, P: int, K: int, scale: float, cutoff_s: float | None) -> _Vars:
+    """Every variable family of §4 with its bounds; times in ticks, the objective T_pipe + T_sync + T_opt."""
     pb = tables.problem
     L, M = pb.model.layers, pb.training.num_micro_batches
-    C, P, K = len(tables.options), pipelines, max_stages
-    lin = LinearModel()
+    C = len(tables.options)
     tk = lambda s: math.floor(s * scale)  # noqa: E731  (floor: the model stays a relaxation)
 
     x = {(p, k, c): lin.var(f"x[{p},{k},{c}]", 0, 1) for p in range(P) for k in range(K) for c in range(C)}
@@ -191,38 +250,41 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
     t_sync = lin.var("T_sync", 0, t_hi, integer=False, time=True)
     t_opt = lin.var("T_opt", 0, t_hi, integer=False, time=True)
     lin.objective = {t_pipe: 1, t_sync: 1, t_opt: 1}
+    return _Vars(tables=tables, tk=tk, P=P, K=K, L=L, C=C, M=M, mmax=mmax, u_hi=u_hi, x=x, y=y, mb=mb, lay=lay, hl=hl,
+                 u=u, U=U, w=w, comm=comm, t_pipe=t_pipe, t_sync=t_sync, t_opt=t_opt)
 
-    def s(p: int, k: int) -> dict[int, int]:   # stage k of pipeline p is used
-        return {x[p, k, c]: 1 for c in range(C)} if k < K else {}
 
-    def last(p: int, k: int) -> dict[int, int]:  # stage k is the last one: s[k] − s[k+1]
-        d = dict(s(p, k))
-        for i, v in s(p, k + 1).items():
-            d[i] = d.get(i, 0) - v
-        return d
-
-    # -- assignment: each pipeline a prefix of used stages, one option per stage, node capacity
+def _add_assignment(lin: LinearModel, mv: _Vars) -> dict[int, dict[int, int]]:
+    """Each pipeline a prefix of used stages, one option per stage, node capacity. Returns each node's
+    GPU use (variable → TP degree), which the symmetry breaking compares."""
+    x, P, K, tables = mv.x, mv.P, mv.K, mv.tables
     for p in range(P):
-        lin.add(s(p, 0), "==", 1, f"first_stage[{p}]")
+        lin.add(mv.s(p, 0), "==", 1, f"first_stage[{p}]")
         for k in range(K):
-            lin.add(s(p, k), "<=", 1, f"one_option[{p},{k}]")
+            lin.add(mv.s(p, k), "<=", 1, f"one_option[{p},{k}]")
             if k + 1 < K:
-                lin.add({**s(p, k), **{i: -1 for i in s(p, k + 1)}}, ">=", 0, f"prefix[{p},{k}]")
-    cl = pb.cluster
+                lin.add({**mv.s(p, k), **{i: -1 for i in mv.s(p, k + 1)}}, ">=", 0, f"prefix[{p},{k}]")
+    cl = tables.problem.cluster
     usage = {n: {x[p, k, o.index]: o.tp for p in range(P) for k in range(K) for o in tables.options if o.node == n}
              for n in range(len(cl.nodes))}
     for n, node in enumerate(cl.nodes):
         if usage[n]:
             lin.add(usage[n], "<=", node.count, f"capacity[{n}]")
-    # -- layers: y = layers of the stage if it uses option c; each pipeline holds all L layers
-    for p in range(P):
-        lin.add({y[p, k, c]: 1 for k in range(K) for c in range(C)}, "==", L, f"layers[{p}]")
-        for k in range(K):
+    return usage
+
+
+def _add_layers(lin: LinearModel, mv: _Vars) -> None:
+    """y = layers of the stage if it uses option c (memory at ≥ 1 in flight caps it); each pipeline
+    holds all L layers; hl marks the last stage's option (the head); unary layer counts for P > 1."""
+    x, y, hl, lay, L, C = mv.x, mv.y, mv.hl, mv.lay, mv.L, mv.C
+    for p in range(mv.P):
+        lin.add({y[p, k, c]: 1 for k in range(mv.K) for c in range(C)}, "==", L, f"layers[{p}]")
+        for k in range(mv.K):
             for c in range(C):
                 lin.add({y[p, k, c]: 1, x[p, k, c]: -1}, ">=", 0, f"y_min[{p},{k},{c}]")
-                cap1 = min(L, max(0, tables.max_layers(c, k == 0, False, 1)))  # memory at ≥ 1 in flight
+                cap1 = min(L, max(0, mv.tables.max_layers(c, k == 0, False, 1)))  # memory at ≥ 1 in flight
                 lin.add({y[p, k, c]: 1, x[p, k, c]: -cap1}, "<=", 0, f"y_max[{p},{k},{c}]")
-                row = {i: -v for i, v in last(p, k).items()}
+                row = {i: -coef for i, coef in mv.last(p, k).items()}
                 row[x[p, k, c]] = row.get(x[p, k, c], 0) - 1
                 row[hl[p, k, c]] = 1
                 lin.add(row, ">=", -1, f"head_on[{p},{k},{c}]")  # hl ≥ x + last − 1
@@ -231,25 +293,34 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
                         f"unary_layers[{p},{k}]")
                 for j in range(1, L):
                     lin.add({lay[p, k, j]: 1, lay[p, k, j + 1]: -1}, ">=", 0, f"unary_order[{p},{k},{j}]")
-    # -- micro-batches: unary m_p = 1 + Σ_v mb[p,v]; they sum to M; pipelines sorted by m (symmetry)
+
+
+def _add_micro_batches(lin: LinearModel, mv: _Vars) -> None:
+    """Unary m_p = 1 + Σ_v mb[p,v]; they sum to M; pipelines sorted by m (symmetry)."""
+    mb, P, mmax = mv.mb, mv.P, mv.mmax
     for p in range(P):
         for v in range(2, mmax):
             lin.add({mb[p, v]: 1, mb[p, v + 1]: -1}, ">=", 0, f"mb_order[{p},{v}]")
         if p + 1 < P:
             for v in range(2, mmax + 1):
                 lin.add({mb[p, v]: 1, mb[p + 1, v]: -1}, ">=", 0, f"sym_pipelines[{p},{v}]")
-    lin.add({i: 1 for i in mb.values()}, "==", M - P, "micro_batches")
-    _add_memory(lin, tables, x, y, mb, last, P, K, L)
-    # -- stage times u (ticks per micro-batch), boundary communication, pipeline time
-    nodes = len(cl.nodes)
-    for p in range(P):
+    lin.add({i: 1 for i in mb.values()}, "==", mv.M - P, "micro_batches")
+
+
+def _add_stage_times(lin: LinearModel, mv: _Vars) -> None:
+    """Stage times u (ticks per micro-batch) with boundary communication, the bottleneck U, the
+    ramp Σ_v w_v = (m − 1)·U (big-M) and the pipeline time, plus the leading pipeline's bound."""
+    tables, tk, x, u, U, w, comm = mv.tables, mv.tk, mv.x, mv.u, mv.U, mv.w, mv.comm
+    K, mmax, u_hi = mv.K, mv.mmax, mv.u_hi
+    nodes = len(tables.problem.cluster.nodes)
+    for p in range(mv.P):
         for k in range(K):
             row = {u[p, k]: 1}
             for c, _o in enumerate(tables.options):
-                row[y[p, k, c]] = -tk(tables.time_layer[c])
+                row[mv.y[p, k, c]] = -tk(tables.time_layer[c])
                 if k == 0:
                     row[x[p, k, c]] = -tk(tables.time_first[c])
-                row[hl[p, k, c]] = -tk(tables.time_last[c])
+                row[mv.hl[p, k, c]] = -tk(tables.time_last[c])
             if k + 1 < K:
                 row[comm[p, k]] = -1
                 for a in range(nodes):
@@ -258,45 +329,40 @@ def build_plan_model(tables: CostTables, pipelines: int, max_stages: int, scale:
                         if cab > 0:
                             xa = {x[p, k, o.index]: cab for o in tables.options if o.node == a}
                             xb = {x[p, k + 1, o.index]: cab for o in tables.options if o.node == b}
-                            lin.add({comm[p, k]: 1, **{i: -v for i, v in {**xa, **xb}.items()}}, ">=", -cab,
+                            lin.add({comm[p, k]: 1, **{i: -coef for i, coef in {**xa, **xb}.items()}}, ">=", -cab,
                                     f"comm[{p},{k},{a},{b}]")
             lin.add(row, ">=", 0, f"stage_time[{p},{k}]")
             lin.add({U[p]: 1, u[p, k]: -1}, ">=", 0, f"bottleneck[{p},{k}]")
         for v in range(2, mmax + 1):  # w_v ≥ U − big·(1 − mb_v): Σ_v w_v = (m − 1)·U at integer points
-            lin.add({w[p, v]: 1, U[p]: -1, mb[p, v]: -u_hi}, ">=", -u_hi, f"ramp[{p},{v}]")
-        lin.add({t_pipe: 1, **{w[p, v]: -1 for v in range(2, mmax + 1)}, **{u[p, k]: -1 for k in range(K)}}, ">=", 0,
+            lin.add({w[p, v]: 1, U[p]: -1, mv.mb[p, v]: -u_hi}, ">=", -u_hi, f"ramp[{p},{v}]")
+        lin.add({mv.t_pipe: 1, **{w[p, v]: -1 for v in range(2, mmax + 1)}, **{u[p, k]: -1 for k in range(K)}}, ">=", 0,
                 f"pipeline_time[{p}]")
     # valid inequality: pipelines are sorted by m, so m_0 ≥ ⌈M/P⌉ and T ≥ (⌈M/P⌉ − 1)·U_0 + Σ_k u_0k
     # holds with a constant coefficient (exact for P = 1) — unlike the big-M rows it survives the LP
-    lead = -(-M // P) - 1
-    lin.add({t_pipe: 1, U[0]: -lead, **{u[0, k]: -1 for k in range(K)}}, ">=", 0, "leading_pipeline")
-    _add_work_bound(lin, tables, tk, y, mb, u, t_pipe, P, K, L, mmax)
-    # -- optimizer step and the gradient-sync lower bound, per stage
-    model = pb.model
-    for p in range(P):
-        for k in range(K):
-            for c in range(C):
-                orow = {t_opt: 1, y[p, k, c]: -tk(tables.opt_layer[c]), hl[p, k, c]: -tk(tables.opt_last[c])}
+    lead = -(-mv.M // mv.P) - 1
+    lin.add({mv.t_pipe: 1, U[0]: -lead, **{u[0, k]: -1 for k in range(K)}}, ">=", 0, "leading_pipeline")
+
+
+def _add_optimizer_and_sync(lin: LinearModel, mv: _Vars) -> None:
+    """The optimizer step and the gradient-sync lower bound (§6), per stage and option."""
+    tables, tk, x, y, hl = mv.tables, mv.tk, mv.x, mv.y, mv.hl
+    model = tables.problem.model
+    for p in range(mv.P):
+        for k in range(mv.K):
+            for c in range(mv.C):
+                orow = {mv.t_opt: 1, y[p, k, c]: -tk(tables.opt_layer[c]), hl[p, k, c]: -tk(tables.opt_last[c])}
                 if k == 0:
                     orow[x[p, k, c]] = -tk(tables.opt_first[c])
                 lin.add(orow, ">=", 0, f"optimizer[{p},{k},{c}]")
-                if P > 1:
-                    srow = {t_sync: 1, y[p, k, c]: -tk(tables.sync_layer_lb(c, P, model.params_per_layer)),
-                            hl[p, k, c]: -tk(tables.sync_layer_lb(c, P, model.head_params))}
+                if mv.P > 1:
+                    srow = {mv.t_sync: 1, y[p, k, c]: -tk(tables.sync_layer_lb(c, mv.P, model.params_per_layer)),
+                            hl[p, k, c]: -tk(tables.sync_layer_lb(c, mv.P, model.head_params))}
                     if k == 0:
-                        srow[x[p, k, c]] = -tk(tables.sync_layer_lb(c, P, model.embedding_params))
+                        srow[x[p, k, c]] = -tk(tables.sync_layer_lb(c, mv.P, model.embedding_params))
                     lin.add(srow, ">=", 0, f"sync_bound[{p},{k},{c}]")
-    # -- valid inequalities and cutoff
-    lin.add({t_pipe: 1}, ">=", tk(max(tables.gpu_rate_bound(), pipe_lb_s or 0.0)), "rate_bound")
-    if cutoff_s is not None:
-        lin.add(dict(lin.objective), "<=", math.ceil(cutoff_s * scale), "cutoff")
-    _add_symmetry_breaking(lin, tables, usage)
-    return PlanModel(tables=tables, pipelines=P, max_stages=K, scale=scale, lin=lin, x=x, y=y, mb=mb, lay=lay,
-                     t_sync=t_sync)
 
 
-def _add_work_bound(lin: LinearModel, tables: CostTables, tk, y, mb, u, t_pipe: int, P: int, K: int, L: int,
-                    mmax: int) -> None:
+def _add_work_bound(lin: LinearModel, mv: _Vars) -> None:
     """Valid inequalities that survive the LP relaxation of (m−1)·U (whose big-M rows do not).
 
     z[p,k,c] stands for m_p·y[p,k,c], the layer-micro-batches stage k processes. It is tied to the
@@ -304,7 +370,8 @@ def _add_work_bound(lin: LinearModel, tables: CostTables, tk, y, mb, u, t_pipe: 
     y ∈ [0, L]. Because stage k works m·u_k ≥ Σ_c τ_c·z seconds and idles at least the other
     stages' times during fill and drain, T_pipe ≥ (m−1)·u_k + Σ_j u_j ≥ Σ_c τ_c·z[p,k,c] + Σ_{j≠k} u[p,j]:
     the per-pipeline total-work bound with its fill/drain bubble."""
-    C = len(tables.options)
+    tables, tk, y, mb, u, t_pipe = mv.tables, mv.tk, mv.y, mv.mb, mv.u, mv.t_pipe
+    P, K, L, C, mmax = mv.P, mv.K, mv.L, mv.C, mv.mmax
     for p in range(P):
         m = {i: 1 for (q, _), i in mb.items() if q == p}  # m_p − 1
         z = {(k, c): lin.var(f"z[{p},{k},{c}]", 0, mmax * L, integer=False) for k in range(K) for c in range(C)}
@@ -336,13 +403,14 @@ def _stage_time_cap(tables: CostTables, tk) -> int:
                for c in range(len(tables.options))) + tk(worst_comm) + 1
 
 
-def _add_memory(lin: LinearModel, tables: CostTables, x, y, mb, last, P: int, K: int, L: int) -> None:
+def _add_memory(lin: LinearModel, mv: _Vars) -> None:
     """Memory per GPU ≤ capacity, as the evaluator checks it: for option c at a position (first,
     last) holding v in-flight micro-batches the evaluator accepts at most Lmax(c, first, last, v)
     layers. In-flight is min(K_p − k, m_p) under 1F1B (m_p under GPipe); the row for v is switched on
     exactly when stage k+v−1 exists (1F1B) and m_p ≥ v, so the binding row is the true in-flight."""
+    tables, x, y, mb, last, K, L = mv.tables, mv.x, mv.y, mv.mb, mv.last, mv.K, mv.L
     sched = tables.problem.schedule
-    for p in range(P):
+    for p in range(mv.P):
         for k in range(K):
             for c in range(len(tables.options)):
                 for is_last in (False, True):
