@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import networkx as nx
 import numpy as np
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EDGE_WEIGHTINGS = ("reciprocal", "bandwidth")
 _RECIPROCAL_RESOLUTION = 1000
@@ -77,22 +79,29 @@ def edge_weight(bandwidth: float, weighting: str, min_bandwidth: float) -> int:
     raise ValueError(f"weighting must be one of {EDGE_WEIGHTINGS}, got {weighting!r}")
 
 
-_BANDWIDTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (vertex rows, matrix)
+def _per_graph(cache: weakref.WeakKeyDictionary, graph: nx.Graph, build: Callable[[], T]) -> T:
+    """``build()`` once per graph (rebuilt if its vertex or edge count changed), held while the graph lives."""
+    key = (graph.number_of_nodes(), graph.number_of_edges())
+    hit = cache.get(graph)
+    if hit is None or hit[0] != key:
+        hit = cache[graph] = (key, build())
+    return hit[1]
+
+
+_BANDWIDTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (key, (vertex rows, matrix))
 
 
 def _bandwidths(graph: nx.Graph) -> tuple[dict[int, int], np.ndarray]:
     """The graph's edge bandwidths as a dense matrix (nan: no edge) and each vertex's row, built once
     per graph: phase 1 and 2 ask for the CSR of many induced subgraphs of the same device graph."""
-    key = (graph.number_of_nodes(), graph.number_of_edges())
-    hit = _BANDWIDTHS.get(graph)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    pos = {v: i for i, v in enumerate(graph.nodes)}
-    bw = np.full((len(pos), len(pos)), np.nan)
-    for a, b, x in graph.edges(data="bandwidth"):
-        bw[pos[a], pos[b]] = bw[pos[b], pos[a]] = x
-    _BANDWIDTHS[graph] = (key, pos, bw)
-    return pos, bw
+    def build() -> tuple[dict[int, int], np.ndarray]:
+        pos = {v: i for i, v in enumerate(graph.nodes)}
+        bw = np.full((len(pos), len(pos)), np.nan)
+        for a, b, x in graph.edges(data="bandwidth"):
+            bw[pos[a], pos[b]] = bw[pos[b], pos[a]] = x
+        return pos, bw
+
+    return _per_graph(_BANDWIDTHS, graph, build)
 
 
 def _csr(graph: nx.Graph, nodes: Sequence[int], weighting: str) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -268,18 +277,17 @@ def grouped_stripes(device_graph: nx.Graph, groups: int, stripes: int, *, seed: 
     return sorted(out, key=lambda p: p[0])
 
 
-_MACHINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (key, blocks, coarse graph)
+_MACHINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> (key, (blocks, coarse graph))
 
 
 def _machine_graph(device_graph: nx.Graph) -> tuple[list[list[int]], nx.Graph]:
     """The device graph's GPUs by machine and their coarsened graph, built once per graph: the
     sweep over pipeline counts asks for it once per count (64 machines: 2,016 pairs of 64 edges)."""
-    key = (device_graph.number_of_nodes(), device_graph.number_of_edges())
-    hit = _MACHINES.get(device_graph)
-    if hit is None or hit[0] != key:
+    def build() -> tuple[list[list[int]], nx.Graph]:
         blocks = group_by_node(device_graph, list(device_graph.nodes))
-        hit = _MACHINES[device_graph] = (key, blocks, coarsen(device_graph, blocks))
-    return hit[1], hit[2]
+        return blocks, coarsen(device_graph, blocks)
+
+    return _per_graph(_MACHINES, device_graph, build)
 
 
 def split_pipeline(device_graph: nx.Graph, gpus: Sequence[int], k: int, *, seed: int = 0) -> list[list[int]]:
