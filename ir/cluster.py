@@ -15,8 +15,9 @@ Bandwidths are GB/s (1e9 bytes/s) per direction; latencies are microseconds.
 
 from __future__ import annotations
 
+import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,11 @@ class Cluster:
     inter_GBps: float
     latency_us: float = DEFAULT_LATENCY_US
     links: tuple[Link, ...] = ()
+    # first global device id of each node, and the GPU count: derived once (planners ask per stage)
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_starts", tuple(itertools.accumulate((n.count for n in self.nodes), initial=0)))
         if not self.nodes:
             raise InvalidInputError("a cluster needs at least one node", field="nodes")
         names = [n.name for n in self.nodes]
@@ -93,7 +97,7 @@ class Cluster:
     # ----------------------------------------------------------------- derived views
     @property
     def num_gpus(self) -> int:
-        return sum(n.count for n in self.nodes)
+        return self._starts[-1]
 
     def node_index(self, name: str) -> int:
         for i, n in enumerate(self.nodes):
@@ -112,8 +116,9 @@ class Cluster:
 
     def node_gpus(self, node: int) -> list[int]:
         """Global device ids of the GPUs in node ``node``."""
-        start = sum(n.count for n in self.nodes[:node])
-        return list(range(start, start + self.nodes[node].count))
+        if not 0 <= node < len(self.nodes):
+            raise IndexError(f"node {node} out of range (0..{len(self.nodes) - 1})")
+        return list(range(self._starts[node], self._starts[node + 1]))
 
     def gpu_of_node(self, node: int) -> GpuType:
         return self.gpu_types[self.nodes[node].gpu]

@@ -22,8 +22,17 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    Phase 2 asks for ten thousand layouts at 40–56 GPUs: after the first ``COMPILED_AFTER`` the
    numba-compiled form (:mod:`~hexhelix.solver.layer_assign_jit`, the same counts) takes them over
    — hexiscale-het3 ~7 → ~3.5 s; small problems never pay numba's import.
-4. **Outer search** — pipeline counts P = 1 … 8, then in steps of ~25 % up to a memory/batch
-   bound, deterministically, stopping after ``patience`` counts without improvement. A candidate whose
+4. **Outer search** — pipeline counts P = 1 … 8, then in steps of ~25 % and every power of two up
+   to a memory/batch bound, deterministically (:func:`search_counts`): first a coarse pass over the
+   powers of two while each improves, then the counts around its best, then the ascending sweep that
+   stops after ``patience`` counts without improvement, over the counts not scored yet. The powers
+   of two split power-of-two nodes evenly (the 25 % steps went 8, 10, 12, 15, 19, …); the first two
+   passes reach a large cluster's best count early, where a time limit cuts the sweep, and see
+   counts the patience rule alone skips. With phase 2 re-run for each pipeline's allocated
+   micro-batch count (:func:`_finish`), on the generated A100/A40 clusters (Llama-2 7B, full
+   recompute, 2026-12-06): gen-64 2.876 → 2.780 s, gen-128 2.949 → 2.802 s, gen-256 2.979 →
+   2.819 s, gen-512 2.947 → 2.832 s (reached in 7.5 s; the sweep alone took 16 s before and ended
+   at 3.061 s when cut there); every example cluster keeps its plan. A candidate whose
    gradient sync matters and whose pipelines alone beat the best so far gets sync-aware layer counts
    (:func:`relieve_sync`: cap the slowest-syncing stages, re-lay, keep the best; on hexiscale-het3,
    Llama-2 7B with full recompute, 8 vertical stripes go from 5.869 to 5.515 s and win — 5.492 s
@@ -56,7 +65,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import networkx as nx
 from hexhelix.ir.checks import check_seconds
@@ -85,7 +94,8 @@ from .result import SolveResult, SolveStatus
 from .stage_order import top_tau_paths
 from .symmetric import best_symmetric, ranked_shapes
 
-__all__ = ["max_pipelines", "pipeline_counts", "plan_hexiscale", "polish", "regroup_more", "symmetric_more"]
+__all__ = ["coarse_indices", "max_pipelines", "pipeline_counts", "plan_hexiscale", "polish", "regroup_more",
+           "search_counts", "symmetric_more"]
 
 logger = logging.getLogger(__name__)
 
@@ -271,17 +281,21 @@ class _PipelineSolver:
         return None if best is None else best[3]
 
 
-def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]]) -> Plan | None:
+def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]], below: float = math.inf) -> Plan | None:
     """Stages per pipeline (a GPU group that cannot hold the model is left idle), then alternate
-    layer assignment and micro-batch allocation twice."""
+    layer assignment and micro-batch allocation twice; a pipeline whose micro-batch count changed
+    gets the TP split that suits its new count (phase 2 chose it at the throughput-proportional
+    first guess: gen-64's A40 pipelines of 16 split TP 2 + 2 for three micro-batches, where the
+    allocation gives them two and one TP-4 stage is faster) unless the pipelines already run
+    ``below`` (the best plan so far) or slower."""
     N = problem.training.num_micro_batches
     tflops = [sum(ps.graph.nodes[g]["tflops"] for g in grp) for grp in groups]
     m = [max(1, round(N * t / sum(tflops))) for t in tflops]
-    solved = [(ps.solve(grp, mi), mi) for grp, mi in zip(groups, m)]
-    kept = [(st, mi) for st, mi in solved if st is not None]   # a group that cannot hold the model stays idle
+    solved = [(ps.solve(grp, mi), mi, grp) for grp, mi in zip(groups, m)]
+    kept = [(st, mi, grp) for st, mi, grp in solved if st is not None]   # a group that cannot hold the model stays idle
     if not kept or len(kept) > N:
         return None
-    stages, m = [st for st, _ in kept], [mi for _, mi in kept]
+    stages, m, grps = [st for st, _, _ in kept], [mi for _, mi, _ in kept], [grp for _, _, grp in kept]
     layouts = None
     for _ in range(2):
         layouts = [ps.layout(s, mi) for s, mi in zip(stages, m)]
@@ -296,6 +310,10 @@ def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]]) 
             return None
         if new_m == m:
             break
+        if max((mi - 1) * u + s for mi, u, s in zip(new_m, U, S)) < below:
+            for i, (old_m, mi) in enumerate(zip(m, new_m)):
+                if mi != old_m:
+                    stages[i] = ps.solve(grps[i], mi) or stages[i]
         m = new_m
     layouts = [ps.layout(s, mi) for s, mi in zip(stages, m)]
     if any(lay is None for lay in layouts):
@@ -319,7 +337,7 @@ def _candidate(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]
     micro-batches, the evaluator), or None. Where the gradient sync matters and the pipelines alone
     run under ``below`` (the best so far: capping layers only lengthens them), sync-aware layer
     counts (:func:`relieve_sync`) replace it when better."""
-    plan = _finish(problem, ps, groups)
+    plan = _finish(problem, ps, groups, below)
     if plan is None:
         return None
     ev = evaluate(plan, profile)
@@ -438,15 +456,16 @@ def polish(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: float | 
 
 
 def pipeline_counts(pmax: int) -> list[int]:
-    """Pipeline counts the outer search visits: every P ≤ 8, then steps of about 25 % up to ``pmax``.
+    """Pipeline counts the outer search visits: every P ≤ 8, then steps of about 25 % and every power
+    of two (the even splits of power-of-two nodes) up to ``pmax``.
 
     >>> pipeline_counts(20)
-    [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 19, 20]
+    [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16, 19, 20]
     """
     out = list(range(1, min(8, pmax) + 1))
     while out[-1] < pmax:
         out.append(min(pmax, max(out[-1] + 1, round(out[-1] * 1.25))))
-    return out
+    return sorted(set(out) | {1 << k for k in range(pmax.bit_length()) if 1 << k <= pmax})
 
 
 def max_pipelines(problem: PlanProblem) -> int:
@@ -536,24 +555,89 @@ def symmetric_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: 
 Best = tuple[float, Plan, str]  # (iteration time, plan, which candidate)
 
 
+def coarse_indices(counts: Sequence[int]) -> list[int]:
+    """Indices into ``counts`` of the sweep's coarse pass: the powers of two.
+
+    >>> [pipeline_counts(326)[i] for i in coarse_indices(pipeline_counts(326))]
+    [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    """
+    return [i for i, P in enumerate(counts) if P & (P - 1) == 0]
+
+
+def search_counts(counts: Sequence[int], score: Callable[[int], float | None], patience: int) -> list[int]:
+    """The outer search's order over the pipeline counts ``counts`` (ascending); ``score(P)`` scores
+    P's candidates and gives their best time (``inf``: none), or None when time ran out, which ends
+    the search. Three passes, each count scored at most once:
+
+    1. *coarse*: P = 1, 2, 4, 8, then about every doubling (:func:`coarse_indices`), until a count
+       fails to improve the best time found;
+    2. *fine*: the counts between the best coarse count's two coarse neighbours, first those on the
+       side of the better neighbour, nearest first;
+    3. *ascending*: the paper's sweep, stopping after ``patience`` counts without improving its own
+       running best (counts already scored count by their results).
+
+    Passes 1-2 reach the large pipeline counts of a large cluster early, so a time limit cuts the
+    search near its best count (gen-512: the best count is 38, and 1-8 alone take ~4 s); pass 3
+    scores every count the ascending sweep alone would have, so no plan is lost to them. Returns the
+    counts scored, in order."""
+    got: dict[int, float] = {}
+
+    def visit(P: int) -> bool:
+        t = score(P)
+        if t is None:
+            return False
+        got[P] = t
+        return True
+
+    def best() -> float:
+        return min(got.values(), default=math.inf)
+
+    coarse, win = coarse_indices(counts), None
+    for j, i in enumerate(coarse):
+        before = best()
+        if not visit(counts[i]):
+            return list(got)
+        if best() < before:
+            win = j
+        elif win is not None:
+            break                                   # a coarse step without improvement
+    if win is not None:
+        lo = coarse[win - 1] if win > 0 else -1
+        hi = coarse[win + 1] if win + 1 < len(coarse) else len(counts)
+        # the side of the better coarse neighbour first (the valley is likelier there), nearest first
+        up = hi < len(counts) and (lo < 0 or got[counts[hi]] < got[counts[lo]])
+        for i in sorted(range(lo + 1, hi), key=lambda i: ((i > coarse[win]) != up, abs(i - coarse[win]))):
+            if counts[i] not in got and not visit(counts[i]):
+                return list(got)
+    run_best, run_i = math.inf, 0
+    for i, P in enumerate(counts):
+        if run_best < math.inf and i - run_i > patience:
+            break                                   # no improvement for ``patience`` pipeline counts
+        if P not in got and not visit(P):
+            break
+        if got[P] < run_best:
+            run_best, run_i = got[P], i
+    return list(got)
+
+
 def _sweep(problem: PlanProblem, ps: _PipelineSolver, profile: Profile, counts: list[int], *, seed: int,
            patience: int, t0: float, time_limit: float | None, deadline: float | None,
            ) -> tuple[Best | None, int, bool, list[int]]:
-    """The paper's outer search: for each pipeline count in ``counts`` the phase-1 groupings
-    (METIS, seeded), each finished by phase 2 and scored; stops after ``patience`` counts without
-    improvement or at ``time_limit`` (the first candidate is always tried). Returns the best
-    candidate, how many were tried, whether the time limit cut the sweep, and the counts visited."""
+    """The outer search (:func:`search_counts`): each pipeline count's phase-1 groupings finished by
+    phase 2 and scored; ``time_limit`` cuts it (the first candidate is always tried). Returns the
+    best candidate, how many groupings were tried, whether the time limit cut the search, and the
+    counts visited (ascending)."""
     best: Best | None = None
-    tried, seen, truncated, best_i = 0, set(), False, 0
-    visited: list[int] = []
-    for i, P in enumerate(counts):
-        if best is not None and i - best_i > patience:
-            break                                   # no improvement for ``patience`` pipeline counts
-        visited.append(P)
+    tried, truncated = 0, False
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+
+    def score(P: int) -> float | None:
+        nonlocal best, tried, truncated
+        got_best = math.inf
         for label, groups in _phase1(ps.graph, P, seed):
             if time_limit is not None and tried and time.perf_counter() - t0 > time_limit:
-                truncated = True                    # (the first candidate is always tried)
-                break
+                truncated = True
+                return None
             key = tuple(tuple(g) for g in groups)
             if key in seen:
                 continue
@@ -565,11 +649,13 @@ def _sweep(problem: PlanProblem, ps: _PipelineSolver, profile: Profile, counts: 
                 continue
             plan, ev = got
             logger.debug("hexiscale P=%d %s: %.4f s", P, label, ev.iteration_time_s)
+            got_best = min(got_best, ev.iteration_time_s)
             if best is None or ev.iteration_time_s < best[0]:
-                best, best_i = (ev.iteration_time_s, plan, f"P={P} {label}"), i
-        if truncated:
-            break
-    return best, tried, truncated, visited
+                best = (ev.iteration_time_s, plan, f"P={P} {label}")
+        return got_best
+
+    visited = search_counts(counts, score, patience)
+    return best, tried, truncated, sorted(visited)
 
 
 def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,
@@ -582,8 +668,9 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     model-state memory against the cluster's, per GPU type; a heuristic's "no plan" is not a
     proof); TIMEOUT when ``time_limit`` ran out before any plan was found.
 
-    ``seed`` is the METIS seed; the sweep itself is deterministic. The sweep over P stops after
-    ``patience`` consecutive pipeline counts without improvement; ``time_limit`` stops it early (the
+    ``seed`` is the METIS seed; the sweep itself is deterministic. The sweep over P
+    (:func:`search_counts`) ends its ascending pass after ``patience`` consecutive pipeline counts
+    without improvement; ``time_limit`` stops it early (the
     best plan so far is returned, ``params['truncated']`` says so). With ``seed_megatron`` the best
     uniform Megatron shape (:func:`~hexhelix.solver.megatron.plan_megatron`) is a candidate too, so
     the result is never slower than that baseline (clusters up to 128 GPUs, where that enumeration
@@ -595,7 +682,7 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     ``params['regroup_stopped']`` says why it ended: local optimum, budget, time, or off).
     ``improve_s`` (seconds from the start, default the time limit) ends that search and the final
     polish earlier than the sweep: the exact planner's warm start lets the sweep of a large cluster
-    finish (512 GPUs: 16 s) while keeping the improvement of a small one to its 10 s.
+    finish (512 GPUs: 19 s, its best plan found by 7.5 s) while keeping the improvement of a small one to its 10 s.
     """
     if isinstance(regroup_evals, bool) or not isinstance(regroup_evals, int) or regroup_evals < 0:
         raise InvalidInputError(f"must be a whole number of groupings >= 0 (0 turns the search off), "
