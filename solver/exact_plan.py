@@ -55,7 +55,7 @@ FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd 
 EXACT_SHARE_SPLIT = 0.02
 WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm start: bounded by its budget
 # the heuristics' share of the time limit; hexiscale's sweep over pipeline counts may use all of it (512 GPUs:
-# 16 s, 2026-12-06; cut at 10 s it ends at 3.045 s against 2.947 s), its grouping search and polish stop at 10 s
+# 19 s in all, its best plan, 2.832 s, found within 7.5 s: 2026-12-06), its grouping search and polish stop at 10 s
 WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
 FLUID_SHARE = 0.6  # of the time left after the warm start, for the fluid search when it runs in this process
 # below FLUID_PARALLEL_MIN_S, where no P-model could be built and called in the time the models would get (too big,
