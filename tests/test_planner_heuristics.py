@@ -553,6 +553,6 @@ def test_a_pipeline_gets_the_tp_split_of_the_micro_batch_count_it_is_given():
     plan = _finish(pr, ps, groups)
     assert [p.micro_batches for p in plan.pipelines] == [p.micro_batches for p in kept.pipelines] == [6, 6, 2, 2]
     assert [len(kept.pipelines[2].stages), len(plan.pipelines[2].stages)] == [2, 1]
-    for grp, pipe in zip(groups, plan.pipelines):   # each pipeline's stages: phase 2's choice at its own count
+    for grp, pipe in zip(groups, plan.pipelines):   # re-split from TP 2 + 2, phase 2's own choice at 2
         assert [(s.node, s.gpus) for s in pipe.stages] == list(ps.solve(grp, pipe.micro_batches))
     assert evaluate(plan).iteration_time_s < evaluate(kept).iteration_time_s
