@@ -252,12 +252,17 @@ class _PipelineSolver:
                 best = (cur, choice)
         return best[0], best[1], build(best[1])
 
+    def _shape_key(self, blocks: list[list[int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Memo key of a pipeline's machine blocks: interchangeable nodes have the same links to every
+        other node, so the same search and the same shape."""
+        return tuple(self._class_of[self.devs[b[0]].node] for b in blocks), tuple(len(b) for b in blocks)
+
     def resplit(self, gpus: Sequence[int], m_was: int, m: int) -> list[Stage] | None:
         """The stage list :meth:`solve` chose for these GPUs at ``m_was`` micro-batches, its TP split
         improved for ``m`` by one round of coordinate descent from it (same block order); None when
         :meth:`solve` found none."""
         blocks = group_by_node(self.graph, gpus)
-        key = (tuple(self._class_of[self.devs[b[0]].node] for b in blocks), tuple(len(b) for b in blocks))
+        key = self._shape_key(blocks)
         if (*key, m) in self._memo:                       # solved at m already: that search was wider
             return self.solve(gpus, m)
         hit = self._memo.get((*key, m_was), self._memo.get((*key, m_was, "resplit")))
@@ -277,8 +282,7 @@ class _PipelineSolver:
         if len(blocks) * min_stage_layers(self.problem) > self.problem.model.layers:   # ≥ 1 stage per block
             return None
         nodes = tuple(self.devs[b[0]].node for b in blocks)
-        # interchangeable nodes have the same links to every other node: the same search, the same shape
-        key = (tuple(self._class_of[n] for n in nodes), tuple(len(b) for b in blocks), m)
+        key = (*self._shape_key(blocks), m)
         if key in self._memo:
             hit = self._memo[key]
             if hit is None:
@@ -316,7 +320,7 @@ def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]], 
     kept = [(st, mi, grp) for st, mi, grp in solved if st is not None]   # a group that cannot hold the model stays idle
     if not kept or len(kept) > N:
         return None
-    stages, m, grps = [st for st, _, _ in kept], [mi for _, mi, _ in kept], [grp for _, _, grp in kept]
+    stages, m, grps = (list(col) for col in zip(*kept))
     layouts = None
     for _ in range(2):
         layouts = [ps.layout(s, mi) for s, mi in zip(stages, m)]
