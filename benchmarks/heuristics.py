@@ -21,7 +21,7 @@ from pathlib import Path
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
-from hexhelix.solver import hexiscale
+from hexhelix.solver import phase2
 from hexhelix.solver.hexiscale import plan_hexiscale
 from hexhelix.solver.hexiscale_released import plan_hexiscale_released
 from hexhelix.solver.layer_assign_jit import assign_layers_compiled
@@ -77,7 +77,7 @@ def scaling_table(sizes: list[int], model: str, training: TrainingConfig) -> lis
     rows = ["| GPUs | global batch | hexiscale s/iter | pipelines | GPUs used | candidates | solve s "
             "| numpy layouts: solve s | numpy / compiled | same plan |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    default = hexiscale.COMPILED_AFTER
+    default = phase2.COMPILED_AFTER
     assign_layers_compiled([1.0], [0.0], [1], 1, 1)     # numba's one-time load, outside the timings
     for n in sizes:
         tr = TrainingConfig(global_batch=max(training.global_batch, 2 * n), micro_batch=training.micro_batch,
@@ -86,13 +86,13 @@ def scaling_table(sizes: list[int], model: str, training: TrainingConfig) -> lis
         t0 = time.perf_counter()
         h = plan_hexiscale(pr)
         dt = time.perf_counter() - t0
-        hexiscale.COMPILED_AFTER = 1 << 62
+        phase2.COMPILED_AFTER = 1 << 62
         try:
             t0 = time.perf_counter()
             hn = plan_hexiscale(pr)
             dn = time.perf_counter() - t0
         finally:
-            hexiscale.COMPILED_AFTER = default
+            phase2.COMPILED_AFTER = default
         npipe = len(h.plan.pipelines) if h.plan else 0
         used = h.plan.num_gpus_used if h.plan else 0
         same = "yes" if (h.plan and hn.plan and h.plan.pipelines == hn.plan.pipelines) or (not h.plan and not hn.plan) else "NO"
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         body += [f"Solve time of `hexiscale` on synthetic clusters (8-GPU nodes cycling A100 / RTX4090 / T4, "
                  f"{args.scaling_model}, global batch max({args.global_batch}, 2 x GPUs)); beside it the same "
                  f"solve with every layer assignment in numpy (the default hands them to the numba-compiled "
-                 f"form after {hexiscale.COMPILED_AFTER} layouts), run right after it in the same process. numba's "
+                 f"form after {phase2.COMPILED_AFTER} layouts), run right after it in the same process. numba's "
                  "one-time load (~0.8 s per process; ~4 s to compile on a fresh install) is left out:", "", *sc,
                  ""]
     if qx:

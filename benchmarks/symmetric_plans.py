@@ -21,8 +21,8 @@ from pathlib import Path
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.plan import Plan
-from hexhelix.solver.hexiscale import _PipelineSolver
 from hexhelix.solver.layer_assign import StageCostTable
+from hexhelix.solver.phase2 import PipelineSolver
 from hexhelix.solver.solve import solve
 from hexhelix.solver.symmetric import best_symmetric, ranked_shapes
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for P in counts:
         t0 = time.perf_counter()
-        layout = _PipelineSolver(pb, StageCostTable(pb), 3).layout
+        layout = PipelineSolver(pb, StageCostTable(pb), 3).layout
         ranked = ranked_shapes(pb, P, layout)
         best = best_symmetric(pb, P, layout, ranked=ranked)
         n = len(ranked or ())

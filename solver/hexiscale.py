@@ -8,7 +8,7 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    runs over fast intra-machine links) and with bandwidth weights (machine-aligned pipelines), plus
    exact vertical stripes over METIS groups of machines (G groups × P/G slices, for every G | P),
    which bound the machines per pipeline on large clusters.
-2. **Phase 2** — per pipeline: coarsen its GPUs into machine blocks (TP never crosses a machine);
+2. **Phase 2** (:mod:`~hexhelix.solver.phase2`) — per pipeline: coarsen its GPUs into machine blocks (TP never crosses a machine);
    order the blocks with the top-τ greedy path search maximising bandwidth
    (:mod:`~hexhelix.solver.stage_order`), trying the best few paths (every order for ≤ 3 blocks)
    because 1F1B's early stages hold the most activations; split every block into TP stages over
@@ -19,11 +19,11 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    and memory are the evaluator's own, probed as affine functions of the layer count);
    :func:`allocate_micro_batches` gives the exact min-max split of the global batch's micro-batches
    over pipelines (greedy on increasing functions), alternated twice with the layer assignment.
-   Phase 2 asks for ten thousand layouts at 40–56 GPUs: after the first ``COMPILED_AFTER`` the
+   Phase 2 asks for ten thousand layouts at 40–56 GPUs: after the first ``phase2.COMPILED_AFTER`` the
    numba-compiled form (:mod:`~hexhelix.solver.layer_assign_jit`, the same counts) takes them over
    — hexiscale-het3 ~7 → ~3.5 s; small problems never pay numba's import.
 4. **Outer search** — pipeline counts P = 1 … 8, then in steps of ~25 % and every power of two up
-   to a memory/batch bound, deterministically (:func:`search_counts`): first a coarse pass over the
+   to a memory/batch bound, deterministically (:mod:`~hexhelix.solver.count_search`): first a coarse pass over the
    powers of two while each improves, then the counts around its best, then the ascending sweep that
    stops after ``patience`` counts without improvement, over the counts not scored yet. The powers
    of two split power-of-two nodes evenly (the 25 % steps went 8, 10, 12, 15, 19, …); the first two
@@ -65,7 +65,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import networkx as nx
 from hexhelix.ir.checks import check_seconds
@@ -74,240 +74,31 @@ from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
 from . import cost
-from .candidates import identical_node_groups
+from .count_search import pipeline_counts, search_counts
 from .evaluate import Evaluation, evaluate
 from .gradsync import gpu_sync_times
-from .layer_assign import (
-    Stage,
-    StageCostTable,
-    allocate_micro_batches,
-    assign_layers,
-    tp_splits,
-    valid_tp,
-)
-from .layer_assign_jit import AVAILABLE as COMPILED_AVAILABLE
-from .layer_assign_jit import assign_layers_compiled
+from .layer_assign import Stage, StageCostTable, allocate_micro_batches
 from .megatron import plan_megatron
-from .partition import EDGE_WEIGHTINGS, group_by_node, grouped_stripes, partition_pipelines
+from .partition import EDGE_WEIGHTINGS, grouped_stripes, partition_pipelines
+from .phase2 import PipelineSolver, min_stage_layers
 from .regroup import Regrouped, regroup
 from .result import SolveResult, SolveStatus
-from .stage_order import top_tau_paths
 from .symmetric import best_symmetric, ranked_shapes
 
-__all__ = ["coarse_indices", "max_pipelines", "pipeline_counts", "plan_hexiscale", "polish", "regroup_more",
-           "search_counts", "symmetric_more"]
+__all__ = ["max_pipelines", "plan_hexiscale", "polish", "regroup_more", "symmetric_more"]
 
 logger = logging.getLogger(__name__)
 
 POLISH_S = 2.0     # default time budget of the final hill climbing (seconds)
 MEGATRON_SEED_MAX_GPUS = 128  # the uniform-shape candidates are added up to this cluster size
-_EXHAUSTIVE = 256  # TP-split combinations per pipeline below which all are tried (else coordinate descent)
-COMPILED_AFTER = 1000  # layouts in numpy before the compiled form takes over (numba's import costs ~0.5 s)
 SYMMETRIC_MAX_STEPS = 30_000  # listing steps per P for identical-pipeline candidates (≤ ~1.3 s per P at 32 GPUs)
 REGROUP_MAX_EVALS = 200  # groupings the phase-1 local search scores (:mod:`.regroup`)
 
 
-def min_stage_layers(problem: PlanProblem) -> int:
-    """Fewest layers a stage may hold: 2 under W-shape folding (a down-leg and an up-leg), else 1."""
-    return 2 if problem.schedule == "wshape" else 1
-
-
-class _PipelineSolver:
-    """Phase 2 plus layer assignment for one pipeline (a list of GPUs), memoised by composition."""
-
-    def __init__(self, problem: PlanProblem, table: StageCostTable, tau: int, n_orders: int = 4):
-        self.problem, self.table, self.tau = problem, table, tau
-        self.graph = problem.cluster.device_graph()
-        self.n_mb = problem.training.num_micro_batches
-        self._memo: dict[tuple, tuple[tuple[int, ...], list[int]] | None] = {}
-        self._orders: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-        self._layouts: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # assign_layers by its inputs
-        self._by_stages: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # layout by stage classes
-        self._class_of = {n: g[0] for g in identical_node_groups(problem) for n in g}
-        self.n_orders = n_orders
-        self.devs = problem.cluster.devices()
-
-    def _mem_mb(self, m: int) -> int:
-        """Micro-batch count used for memory caps: exact for GPipe, the conservative N otherwise."""
-        return m if self.problem.schedule == "gpipe" else self.n_mb
-
-    def layout(self, stages: list[Stage], m: int, caps: Sequence[int] | None = None) -> tuple[tuple[int, ...], float] | None:
-        """Exact layer counts for these stages at m micro-batches under the memory caps (and
-        ``caps``, extra per-stage maxima, when given)."""
-        # the result depends on each stage's node only up to interchangeable nodes (and on whether
-        # the next stage shares it): the search re-scores the same sequences (3 in 4 calls on het3)
-        cls, n = self._class_of, len(stages)
-        skey = (tuple((cls[node], len(g), k + 1 < n and stages[k + 1][0] == node) for k, (node, g) in enumerate(stages)),
-                m, None if caps is None else tuple(caps))
-        if skey in self._by_stages:
-            return self._by_stages[skey]
-        pt = self.table.probes(stages, m)
-        pm = pt if self._mem_mb(m) == m else self.table.probes(stages, self._mem_mb(m))
-        mem = [p.max_layers() for p in pm]
-        key = (tuple(p.time1 for p in pt), tuple(p.time0 for p in pt),
-               tuple(mem if caps is None else [min(a, b) for a, b in zip(mem, caps)]), m)
-        self._by_stages[skey] = self._assign(key)
-        return self._by_stages[skey]
-
-    def _assign(self, key: tuple) -> tuple[tuple[int, ...], float] | None:
-        """:func:`assign_layers` on (time1, time0, caps, m), remembered: the search meets the same
-        stage costs again and again (~3 in 4 on het3)."""
-        if key not in self._layouts:
-            # both forms give the same counts; only searches that need many layouts pay numba's import
-            assign = assign_layers_compiled if COMPILED_AVAILABLE and len(self._layouts) >= COMPILED_AFTER else assign_layers
-            self._layouts[key] = assign(key[0], key[1], key[2], self.problem.model.layers, key[3],
-                                        min_stage_layers(self.problem))
-        return self._layouts[key]
-
-    def floor(self, kinds: Sequence[tuple[int, int]], m: int) -> float:
-        """A lower bound on :meth:`layout`'s pipeline time for these stages ((node, TP) each) in any
-        order at m micro-batches (inf: memory admits no order): the exact layout of the stages
-        relaxed to their cheapest position (:meth:`StageCostTable.order_free`)."""
-        relaxed = self.table.order_free(kinds, m, self._mem_mb(m), min_stage_layers(self.problem))
-        got = None if relaxed is None else self._assign((*relaxed, m))
-        return math.inf if got is None else got[1]
-
-    def fits(self, kinds: Sequence[tuple[int, int]], m: int) -> bool:
-        """Whether memory admits these stages ((node, TP) each) in this order at m micro-batches (a
-        :meth:`layout` would then find layer counts)."""
-        return self.table.fits_in_order(kinds, m, self._mem_mb(m), min_stage_layers(self.problem))
-
-    def _orders_of(self, nodes: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """Candidate visiting orders of the machine blocks: the ``n_orders`` best top-τ paths by
-        bandwidth (ties towards memory-rich blocks first, which hold the most 1F1B activations)
-        plus the best one reversed (same bandwidth; a memory-rich block at the end can take the
-        head and the most layers: hexiscale-het2 7.848 → 7.677 s); every order when there are at
-        most 3 blocks."""
-        if nodes not in self._orders:
-            cl = self.problem.cluster
-            w = [[cl.node_link(a, c)[0] if i != j else 0.0 for j, c in enumerate(nodes)]
-                 for i, a in enumerate(nodes)]
-            mem = [cl.gpu_of_node(n).memory_gib for n in nodes]
-            paths = sorted(top_tau_paths(w, self.tau), key=lambda sp: (-round(sp[0] / 1e6), [-mem[i] for i in sp[1]],
-                                                                       sp[1]))
-            keep = len(paths) if len(nodes) <= 3 else self.n_orders      # ≤ 3 blocks: every order
-            orders = [p for _, p in paths[:keep]]
-            if orders and orders[0][::-1] not in orders:                   # and the best one backwards
-                orders.append(orders[0][::-1])
-            self._orders[nodes] = orders
-        return self._orders[nodes]
-
-    def _menus(self, blocks: list[list[int]]) -> list[list[tuple[int, ...]]]:
-        """Per block: every TP split, then ``()`` = leave the block idle (slow GPUs may cost more in
-        stage time or gradient sync than they bring)."""
-        return [[*tp_splits(len(b), valid_tp(self.problem, len(b))), ()] for b in blocks]
-
-    def _build(self, blocks: list[list[int]], menus: list[list[tuple[int, ...]]], ch: Sequence[int]) -> list[Stage]:
-        out: list[Stage] = []
-        for b, menu, c in zip(blocks, menus, ch):
-            i = 0
-            for t in menu[c]:
-                out.append((self.devs[b[0]].node, tuple(b[i:i + t])))
-                i += t
-        return out
-
-    def _descend(self, blocks: list[list[int]], m: int, start: Sequence[int] | None = None,
-                 rounds: int = 3) -> tuple[float, list[int], list[Stage]]:
-        """Best TP split per block (menu indices): every combination when there are at most 256,
-        else coordinate descent from ``start``, or the better of two descents: from the largest TP
-        everywhere (the most memory headroom) and from the richest block alone (the others idle)."""
-        menus = self._menus(blocks)
-
-        def build(ch: Sequence[int]) -> list[Stage]:
-            return self._build(blocks, menus, ch)
-
-        def score(ch: list[int]) -> float:
-            r = self.layout(build(ch), m)
-            return r[1] if r else math.inf
-
-        if start is None and math.prod(len(mu) for mu in menus) <= _EXHAUSTIVE:   # small: try every split
-            cur, choice = min(((score(list(ch)), list(ch)) for ch in itertools.product(*(range(len(mu))
-                                                                                         for mu in menus))),
-                              key=lambda sc: sc[0])
-            return cur, choice, build(choice)
-        if start is not None:
-            starts = [list(start)]
-        elif len(blocks) > 8:                       # large pipelines: one start, fewer rounds
-            starts, rounds = [[0] * len(blocks)], min(rounds, 2)
-        else:   # all blocks at their largest TP; only the richest block (others idle), grown back by the descent
-            rich = max(range(len(blocks)), key=lambda j: (len(blocks[j]) * self.graph.nodes[blocks[j][0]]["memory_gib"],
-                                                          self.graph.nodes[blocks[j][0]]["tflops"], -j))
-            starts = [[0] * len(blocks), [0 if j == rich else len(menus[j]) - 1 for j in range(len(blocks))]]
-        best: tuple[float, list[int]] | None = None
-        for choice in starts:
-            cur = score(choice)
-            for _ in range(rounds):
-                improved = False
-                for j, menu in enumerate(menus):
-                    for c in range(len(menu)):
-                        if c == choice[j]:
-                            continue
-                        trial = [*choice[:j], c, *choice[j + 1:]]
-                        s = score(trial)
-                        if s < cur * (1 - 1e-12):
-                            cur, choice, improved = s, trial, True
-                if not improved:
-                    break
-            if best is None or cur < best[0]:
-                best = (cur, choice)
-        return best[0], best[1], build(best[1])
-
-    def _shape_key(self, blocks: list[list[int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Memo key of a pipeline's machine blocks: interchangeable nodes have the same links to every
-        other node, so the same search and the same shape."""
-        return tuple(self._class_of[self.devs[b[0]].node] for b in blocks), tuple(len(b) for b in blocks)
-
-    def resplit(self, gpus: Sequence[int], m_was: int, m: int) -> list[Stage] | None:
-        """The stage list :meth:`solve` chose for these GPUs at ``m_was`` micro-batches, its TP split
-        improved for ``m`` by one round of coordinate descent from it (same block order); None when
-        :meth:`solve` found none."""
-        blocks = group_by_node(self.graph, gpus)
-        key = self._shape_key(blocks)
-        if (*key, m) in self._memo:                       # solved at m already: that search was wider
-            return self.solve(gpus, m)
-        hit = self._memo.get((*key, m_was), self._memo.get((*key, m_was, "resplit")))
-        if hit is None:
-            return None
-        order, choice = hit
-        ordered = [blocks[i] for i in order]
-        t, ch, stages = self._descend(ordered, m, start=choice, rounds=1)
-        if not math.isfinite(t):
-            return None
-        self._memo[(*key, m, "resplit")] = (order, ch)
-        return stages
-
-    def solve(self, gpus: Sequence[int], m: int) -> list[Stage] | None:
-        """Best stage list (block order × TP split per machine block) for these GPUs at m micro-batches."""
-        blocks = group_by_node(self.graph, gpus)
-        if len(blocks) * min_stage_layers(self.problem) > self.problem.model.layers:   # ≥ 1 stage per block
-            return None
-        nodes = tuple(self.devs[b[0]].node for b in blocks)
-        key = (*self._shape_key(blocks), m)
-        if key in self._memo:
-            hit = self._memo[key]
-            if hit is None:
-                return None
-            order, choice = hit                               # re-apply the cached shape to these GPUs
-            ordered = [blocks[i] for i in order]
-            return self._build(ordered, self._menus(ordered), choice)
-        best: tuple[float, tuple[int, ...], list[int], list[Stage]] | None = None
-        per_block: dict[int, int] | None = None          # menu choice per block, from the first order
-        for order in self._orders_of(nodes):
-            if per_block is None or len(blocks) <= 8:
-                t, ch, stages = self._descend([blocks[i] for i in order], m)
-                per_block = per_block or {i: c for i, c in zip(order, ch)}
-            else:                                        # many blocks: one round from the first choice
-                t, ch, stages = self._descend([blocks[i] for i in order], m, [per_block[i] for i in order], 1)
-            if math.isfinite(t) and (best is None or t < best[0]):
-                best = (t, order, ch, stages)
-        self._memo[key] = None if best is None else (best[1], best[2])
-        return None if best is None else best[3]
-
-
-def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]], below: float = math.inf) -> Plan | None:
+def _finish(problem: PlanProblem, ps: PipelineSolver, groups: list[list[int]], below: float = math.inf) -> Plan | None:
     """Stages per pipeline (a GPU group that cannot hold the model is left idle), then alternate
     layer assignment and micro-batch allocation twice; a pipeline whose micro-batch count changed
-    gets its TP split re-chosen for the new count (:meth:`_PipelineSolver.resplit`: phase 2 chose
+    gets its TP split re-chosen for the new count (:meth:`~hexhelix.solver.phase2.PipelineSolver.resplit`: phase 2 chose
     it at the throughput-proportional first guess; gen-64's A40 pipelines of 16 split TP 2 + 2 for
     three micro-batches, where the allocation gives them two and one TP-4 stage is faster) unless
     the pipelines already run ``below`` (the best plan so far) or slower. The full phase 2 at every
@@ -356,7 +147,7 @@ def _finish(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]], 
 RELIEVE_MIN_SHARE = 0.02   # candidates whose gradient sync is at least this share of the iteration get relieve_sync
 
 
-def _candidate(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]], profile: Profile, *,
+def _candidate(problem: PlanProblem, ps: PipelineSolver, groups: list[list[int]], profile: Profile, *,
                below: float, deadline: float | None) -> tuple[Plan, Evaluation] | None:
     """A phase-1 grouping turned into a feasible plan and its evaluation (phase 2, layers and
     micro-batches, the evaluator), or None. Where the gradient sync matters and the pipelines alone
@@ -372,7 +163,7 @@ def _candidate(problem: PlanProblem, ps: _PipelineSolver, groups: list[list[int]
     return (plan, ev) if ev.feasible else None
 
 
-def relieve_sync(plan: Plan, ev: Evaluation, ps: _PipelineSolver, profile: Profile = DEFAULT_PROFILE, *,
+def relieve_sync(plan: Plan, ev: Evaluation, ps: PipelineSolver, profile: Profile = DEFAULT_PROFILE, *,
                  deadline: float | None = None, patience: int = 3) -> tuple[Plan, Evaluation]:
     """Sync-aware layer counts: the per-pipeline layout cannot see the gradient sync (a layer's
     cost depends on where its other holders sit), so cap the layer count of every stage whose
@@ -414,7 +205,7 @@ def relieve_sync(plan: Plan, ev: Evaluation, ps: _PipelineSolver, profile: Profi
     return best
 
 
-def _max_mb(ps: _PipelineSolver, stages: list[Stage], counts: tuple[int, ...]) -> int:
+def _max_mb(ps: PipelineSolver, stages: list[Stage], counts: tuple[int, ...]) -> int:
     """Largest micro-batch count this layout holds in memory (only GPipe grows with m)."""
     N = ps.n_mb
     if ps.problem.schedule != "gpipe":
@@ -480,19 +271,6 @@ def polish(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: float | 
     return plan, ev
 
 
-def pipeline_counts(pmax: int) -> list[int]:
-    """Pipeline counts the outer search visits: every P ≤ 8, then steps of about 25 % and every power
-    of two (the even splits of power-of-two nodes) up to ``pmax``.
-
-    >>> pipeline_counts(20)
-    [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16, 19, 20]
-    """
-    out = list(range(1, min(8, pmax) + 1))
-    while out[-1] < pmax:
-        out.append(min(pmax, max(out[-1] + 1, round(out[-1] * 1.25))))
-    return sorted(set(out) | {1 << k for k in range(pmax.bit_length()) if 1 << k <= pmax})
-
-
 def max_pipelines(problem: PlanProblem) -> int:
     """Upper bound on the pipeline count: micro-batches, GPUs, and total memory over model states."""
     cl, tr, model = problem.cluster, problem.training, problem.model
@@ -526,7 +304,7 @@ def _phase1(graph: nx.Graph, P: int, seed: int) -> Iterator[tuple[str, list[list
             yield weighting, partition_pipelines(graph, P, seed=seed, weighting=weighting)
 
 
-def _regroup(problem: PlanProblem, ps: _PipelineSolver, plan: Plan, profile: Profile, *, max_evals: int,
+def _regroup(problem: PlanProblem, ps: PipelineSolver, plan: Plan, profile: Profile, *, max_evals: int,
              deadline: float | None) -> Regrouped:
     def finish(groups: list[list[int]], below: float) -> tuple[Plan, Evaluation] | None:
         return _candidate(problem, ps, groups, profile, below=below, deadline=deadline)
@@ -540,7 +318,7 @@ def regroup_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: fl
     time limit) until a local optimum, ``max_evals`` groupings or ``deadline`` (``time.perf_counter``).
     Phase 2 starts with an empty memo, so the first groupings cost more than in the run before."""
     problem = plan.problem
-    ps = _PipelineSolver(problem, StageCostTable(problem, profile), tau)
+    ps = PipelineSolver(problem, StageCostTable(problem, profile), tau)
     return _regroup(problem, ps, plan, profile, max_evals=max_evals, deadline=deadline)
 
 
@@ -551,12 +329,12 @@ def symmetric_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: 
                    tau: int = 3) -> tuple[Plan, Evaluation] | None:
     """Plans of P identical pipelines faster than ``plan``, listed beyond hexiscale's step budget:
     split combinations whose pipelines cannot beat it, and orders memory does not admit, are left
-    out before any layout (:meth:`_PipelineSolver.floor`, :meth:`_PipelineSolver.fits`). Every P
+    out before any layout (:meth:`~hexhelix.solver.phase2.PipelineSolver.floor`, :meth:`~hexhelix.solver.phase2.PipelineSolver.fits`). Every P
     from 2 up gets a listing of 100,000 steps, then those unfinished 1,000,000, then 10,000,000,
     until ``deadline`` (``time.perf_counter``). The best such plan, or None (hexiscale-het2 without
     recompute: P = 2 lists in ~4 s, 6.413 → 6.311 s)."""
     problem = plan.problem
-    ps = _PipelineSolver(problem, StageCostTable(problem, profile), tau)
+    ps = PipelineSolver(problem, StageCostTable(problem, profile), tau)
     best: tuple[Plan, Evaluation] | None = None
     below = evaluate(plan, profile).iteration_time_s
     todo = list(range(2, max_pipelines(problem) + 1))
@@ -580,75 +358,11 @@ def symmetric_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: 
 Best = tuple[float, Plan, str]  # (iteration time, plan, which candidate)
 
 
-def coarse_indices(counts: Sequence[int]) -> list[int]:
-    """Indices into ``counts`` of the sweep's coarse pass: the powers of two.
 
-    >>> [pipeline_counts(326)[i] for i in coarse_indices(pipeline_counts(326))]
-    [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    """
-    return [i for i, P in enumerate(counts) if P & (P - 1) == 0]
-
-
-def search_counts(counts: Sequence[int], score: Callable[[int], float | None], patience: int) -> list[int]:
-    """The outer search's order over the pipeline counts ``counts`` (ascending); ``score(P)`` scores
-    P's candidates and gives their best time (``inf``: none), or None when time ran out, which ends
-    the search. Three passes, each count scored at most once:
-
-    1. *coarse*: the powers of two (:func:`coarse_indices`), until one fails to improve the best
-       time found;
-    2. *fine*: the counts between the best coarse count's two coarse neighbours, first those on the
-       side of the better neighbour, nearest first;
-    3. *ascending*: the paper's sweep, stopping after ``patience`` counts without improving its own
-       running best (counts already scored count by their results).
-
-    Passes 1-2 reach the large pipeline counts of a large cluster early, so a time limit cuts the
-    search near its best count (gen-512: its best count, 64, is scored within 7.5 s, where P = 1-8
-    alone take ~4 s); pass 3 then scores every count the ascending sweep alone would on the same
-    scores, so the first two passes add counts and take none away. Returns the counts scored, in order."""
-    got: dict[int, float] = {}
-
-    def visit(P: int) -> bool:
-        t = score(P)
-        if t is None:
-            return False
-        got[P] = t
-        return True
-
-    def best() -> float:
-        return min(got.values(), default=math.inf)
-
-    coarse, win = coarse_indices(counts), None
-    for j, i in enumerate(coarse):
-        before = best()
-        if not visit(counts[i]):
-            return list(got)
-        if best() < before:
-            win = j
-        elif win is not None:
-            break                                   # a coarse step without improvement
-    if win is not None:
-        lo = coarse[win - 1] if win > 0 else -1
-        hi = coarse[win + 1] if win + 1 < len(coarse) else len(counts)
-        # the side of the better coarse neighbour first (the valley is likelier there), nearest first
-        up = hi < len(counts) and (lo < 0 or got[counts[hi]] < got[counts[lo]])
-        for i in sorted(range(lo + 1, hi), key=lambda i: ((i > coarse[win]) != up, abs(i - coarse[win]))):
-            if counts[i] not in got and not visit(counts[i]):
-                return list(got)
-    run_best, run_i = math.inf, 0
-    for i, P in enumerate(counts):
-        if run_best < math.inf and i - run_i > patience:
-            break                                   # no improvement for ``patience`` pipeline counts
-        if P not in got and not visit(P):
-            break
-        if got[P] < run_best:
-            run_best, run_i = got[P], i
-    return list(got)
-
-
-def _sweep(problem: PlanProblem, ps: _PipelineSolver, profile: Profile, counts: list[int], *, seed: int,
+def _sweep(problem: PlanProblem, ps: PipelineSolver, profile: Profile, counts: list[int], *, seed: int,
            patience: int, t0: float, time_limit: float | None, deadline: float | None,
            ) -> tuple[Best | None, int, bool, list[int]]:
-    """The outer search (:func:`search_counts`): each pipeline count's phase-1 groupings finished by
+    """The outer search (:func:`~hexhelix.solver.count_search.search_counts`): each pipeline count's phase-1 groupings finished by
     phase 2 and scored; ``time_limit`` cuts it (the first candidate is always tried). Returns the
     best candidate, how many groupings were tried, whether the time limit cut the search, and the
     counts visited (ascending)."""
@@ -694,7 +408,7 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     proof); TIMEOUT when ``time_limit`` ran out before any plan was found.
 
     ``seed`` is the METIS seed; the sweep itself is deterministic. The sweep over P
-    (:func:`search_counts`) ends its ascending pass after ``patience`` consecutive pipeline counts
+    (:func:`~hexhelix.solver.count_search.search_counts`) ends its ascending pass after ``patience`` consecutive pipeline counts
     without improvement; ``time_limit`` stops it early (the
     best plan so far is returned, ``params['truncated']`` says so). With ``seed_megatron`` the best
     uniform Megatron shape (:func:`~hexhelix.solver.megatron.plan_megatron`) is a candidate too, so
@@ -718,7 +432,7 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     deadline = None if time_limit is None else t0 + time_limit
     improve_until = deadline if improve_s is None else t0 + improve_s if deadline is None else min(deadline, t0 + improve_s)
     table = StageCostTable(problem, profile)
-    ps = _PipelineSolver(problem, table, tau)
+    ps = PipelineSolver(problem, table, tau)
     pmax = max_pipelines(problem)
     best, tried, truncated, visited = _sweep(problem, ps, profile, pipeline_counts(pmax), seed=seed,
                                              patience=patience, t0=t0, time_limit=time_limit, deadline=deadline)

@@ -12,9 +12,9 @@ import pytest
 from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem
-from hexhelix.solver import hexiscale
+from hexhelix.solver import phase2
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import _finish, _PipelineSolver, plan_hexiscale, polish, relieve_sync
+from hexhelix.solver.hexiscale import _finish, plan_hexiscale, polish, relieve_sync
 from hexhelix.solver.hexiscale_released import (
     DP_FACTOR,
     PIPE_FACTOR,
@@ -42,6 +42,7 @@ from hexhelix.solver.partition import (
     split_pipeline,
     stripe_pipelines,
 )
+from hexhelix.solver.phase2 import PipelineSolver
 from hexhelix.solver.result import SolveStatus
 from hexhelix.solver.stage_order import (
     best_stage_order,
@@ -244,7 +245,7 @@ def test_hexiscale_plans_alike_with_compiled_and_numpy_layouts(examples_dir, mon
     pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"], training=TrainingConfig(global_batch=16, micro_batch=1))
     plans = []
     for after in (0, 10**9):                                # compiled from the first layout | never
-        monkeypatch.setattr(hexiscale, "COMPILED_AFTER", after)
+        monkeypatch.setattr(phase2, "COMPILED_AFTER", after)
         plans.append(plan_hexiscale(pb).plan.pipelines)
     assert plans[0] == plans[1]
 
@@ -358,62 +359,6 @@ def test_time_limit_truncates_the_sweep(examples_dir):
         assert evaluate(res.plan).feasible
 
 
-def _ascending_sweep(counts, times, patience):
-    """The paper's sweep alone: counts in order, stopping ``patience`` counts after its last improvement."""
-    seen, best, best_i = [], math.inf, 0
-    for i, P in enumerate(counts):
-        if best < math.inf and i - best_i > patience:
-            break
-        seen.append(P)
-        if times[P] < best:
-            best, best_i = times[P], i
-    return seen
-
-
-def _scorer(times, budget=None):
-    calls = []
-
-    def score(P):
-        if budget is not None and len(calls) >= budget:
-            return None
-        calls.append(P)
-        return times[P]
-    return score, calls
-
-
-@pytest.mark.parametrize("pmax", [1, 3, 8, 20, 64, 326])
-def test_the_count_search_scores_every_count_the_ascending_sweep_would_and_each_once(pmax):
-    counts = hexiscale.pipeline_counts(pmax)
-    rng = random.Random(pmax)
-    for _ in range(200):
-        times = {P: rng.choice([math.inf, rng.uniform(1, 10)]) for P in counts}
-        score, calls = _scorer(times)
-        visited = hexiscale.search_counts(counts, score, patience=4)
-        assert visited == calls and len(set(calls)) == len(calls)
-        assert set(_ascending_sweep(counts, times, 4)) <= set(calls)
-
-
-def test_the_count_search_finds_a_best_count_beyond_the_ascending_sweeps_patience():
-    # gen-64's landscape over the counts without powers of two (hexiscale's best time per count,
-    # Llama-2 7B, before phase 2 re-split for the allocated micro-batches): a dip at 3, the best at 8
-    times = {1: 3.347, 2: 2.979, 3: 2.876, 4: 2.894, 5: 2.930, 6: 2.941, 7: 2.985, 8: 2.803, 10: 2.913,
-             12: 2.940, 15: 3.401}
-    counts = hexiscale.pipeline_counts(15)
-    assert 8 not in _ascending_sweep(counts, times, 4)
-    score, _ = _scorer(times)
-    assert 8 in hexiscale.search_counts(counts, score, patience=4)
-
-
-def test_a_cut_count_search_reaches_the_large_counts_of_a_large_cluster_first():
-    counts = hexiscale.pipeline_counts(326)
-    assert [counts[i] for i in hexiscale.coarse_indices(counts)] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    times = {P: abs(math.log(P / 38)) + 1 for P in counts}   # one valley, at 38 pipelines
-    score, _ = _scorer(times, budget=9)
-    visited = hexiscale.search_counts(counts, score, patience=4)
-    assert visited == [1, 2, 4, 8, 16, 32, 64, 38, 48]       # coarse until 64 fails, then 32..64 first
-    assert counts.index(38) > 9                               # where the ascending sweep gets in 9 counts
-
-
 def test_grouped_stripes_bound_machines_per_pipeline():
     cl = Cluster.from_dict({"inter_GBps": 5, "nodes": [{"name": f"n{i}", "gpu": "RTX4090", "count": 8}
                                                       for i in range(6)]})
@@ -504,7 +449,7 @@ def _split_node_problem() -> PlanProblem:
 
 def test_relieve_sync_moves_layers_off_slowly_synced_stages_where_single_moves_cannot():
     pr = _split_node_problem()
-    ps = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+    ps = PipelineSolver(pr, StageCostTable(pr), tau=3)
     plan = _finish(pr, ps, [[0, 2], [1, 3]])          # pipeline 0 on a + b, pipeline 1 on a + c
     ev = evaluate(plan)
     assert [[s.node for s in p.stages] for p in plan.pipelines] == [[0, 1], [0, 2]]
@@ -526,7 +471,7 @@ def test_layouts_are_shared_between_interchangeable_nodes_only(examples_dir):
     fresh solver does — a layout remembered for one node is reused only on its twins, and only with
     the next stage on the same node again on the same node (intra- vs inter-node hand-off)."""
     pr = _problem(examples_dir, "hexiscale-het3")
-    shared = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+    shared = PipelineSolver(pr, StageCostTable(pr), tau=3)
     g = {n: tuple(d.id for d in pr.cluster.devices() if d.node == n) for n in range(len(pr.cluster.nodes))}
     lists = []
     for a, b in ((3, 4), (5, 6), (1, 2), (0, 3), (4, 0)):
@@ -534,7 +479,7 @@ def test_layouts_are_shared_between_interchangeable_nodes_only(examples_dir):
                   [(a, g[a][:2]), (b, g[b][2:4]), (7, g[7][:2])],   # another node, then the A100 node
                   [(a, g[a][:4]), (b, g[b][:4])]]
     for stages in lists:
-        fresh = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+        fresh = PipelineSolver(pr, StageCostTable(pr), tau=3)
         assert shared.layout(stages, 8) == fresh.layout(stages, 8), [n for n, _ in stages]
     assert len({shared.layout(st, 8) for st in lists}) > 3  # the lists do differ in their answers
 
@@ -547,7 +492,7 @@ def test_a_pipeline_gets_the_tp_split_of_the_micro_batch_count_it_is_given():
         {"name": "b", "gpu": "A40", "count": 8, "intra_GBps": 25}]})
     pr = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
                      training=TrainingConfig(global_batch=16, micro_batch=1, seq_len=4096, recompute="full"))
-    ps = _PipelineSolver(pr, StageCostTable(pr), tau=3)
+    ps = PipelineSolver(pr, StageCostTable(pr), tau=3)
     groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     kept = _finish(pr, ps, groups, below=0.0)        # pipelines already slower than "below": no re-split
     plan = _finish(pr, ps, groups)

@@ -12,8 +12,9 @@ from hexhelix.ir.cluster import Cluster, load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import Plan, PlanProblem
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import _PipelineSolver, plan_hexiscale, symmetric_more
+from hexhelix.solver.hexiscale import plan_hexiscale, symmetric_more
 from hexhelix.solver.layer_assign import StageCostTable
+from hexhelix.solver.phase2 import PipelineSolver
 from hexhelix.solver.symmetric import (
     _Budget,
     _by_node,
@@ -39,7 +40,7 @@ def _problem(model: str = "tiny", batch: int = 8) -> PlanProblem:
 
 
 def _layout(pb: PlanProblem):
-    return _PipelineSolver(pb, StageCostTable(pb), tau=3).layout
+    return PipelineSolver(pb, StageCostTable(pb), tau=3).layout
 
 
 def _structure(plan: Plan, pipe: int) -> list[tuple[str, int, tuple[int, int]]]:
@@ -155,7 +156,7 @@ def test_the_order_free_floor_is_below_every_order_and_fits_is_the_layouts_memor
     layout's pipeline time, is inf only where memory admits no order, and ``fits`` says exactly
     whether the layout finds layer counts."""
     pb = {"tiny": _problem, "slow-sync": _slow_sync_problem}.get(which, lambda: _memory_tight(examples_dir))()
-    ps = _PipelineSolver(pb, StageCostTable(pb), tau=3)
+    ps = PipelineSolver(pb, StageCostTable(pb), tau=3)
     m = math.ceil(pb.training.num_micro_batches / P)
     by_combo: dict[tuple, list[float]] = {}
     for groups in unit_sets(pb, P):
@@ -178,7 +179,7 @@ def test_the_order_free_floor_is_below_every_order_and_fits_is_the_layouts_memor
 @pytest.mark.parametrize(("which", "P"), [("tiny", 2), ("tight", 2)])
 def test_the_pruned_listing_finds_the_same_best_plan_from_fewer_shapes(which, P, examples_dir):
     pb = {"tiny": _problem, "slow-sync": _slow_sync_problem}.get(which, lambda: _memory_tight(examples_dir))()
-    ps = _PipelineSolver(pb, StageCostTable(pb), tau=3)
+    ps = PipelineSolver(pb, StageCostTable(pb), tau=3)
     plain = best_symmetric(pb, P, ps.layout)
     assert plain is not None
     below = plain[1].iteration_time_s * (1 + 1e-9)
