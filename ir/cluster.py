@@ -16,7 +16,6 @@ Bandwidths are GB/s (1e9 bytes/s) per direction; latencies are microseconds.
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ import networkx as nx
 from .catalog import GpuType, lookup_gpu
 from .checks import finite_number
 from .errors import InvalidInputError
+from .files import read_structured_file
 
-__all__ = ["Cluster", "Device", "Link", "Node", "load_cluster", "read_structured_file"]
+__all__ = ["Cluster", "Device", "Link", "Node", "load_cluster"]
 
 DEFAULT_LATENCY_US = 10.0
 DEFAULT_INTRA_LATENCY_US = 5.0
@@ -305,37 +305,6 @@ def _parse_cluster(data: Any) -> Cluster:
                           latency_us=_num(raw.get("latency_us", latency), f"{where}.latency_us", allow_zero=True)))
     return Cluster(name=name, nodes=tuple(nodes), gpu_types=used, inter_GBps=inter,
                    latency_us=latency, links=tuple(links))
-
-
-def read_structured_file(path: str | Path) -> Any:
-    """Read a YAML or JSON file; raise InvalidInputError naming the file on any read/parse error."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InvalidInputError("file not found", source=str(p)) from None
-    except OSError as err:
-        raise InvalidInputError(f"cannot read file ({err.strerror})", source=str(p)) from None
-    except UnicodeDecodeError as err:
-        raise InvalidInputError(f"not a UTF-8 text file (undecodable byte at offset {err.start})",
-                                source=str(p)) from None
-    if not text.strip():
-        raise InvalidInputError("file is empty", source=str(p))
-    if p.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InvalidInputError(f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
-                                    source=str(p)) from None
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise InvalidInputError(f"unreadable YAML{where}: {problem}", source=str(p)) from None
 
 
 def load_cluster(path: str | Path) -> Cluster:

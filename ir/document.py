@@ -10,6 +10,7 @@ from typing import Any
 
 from .cluster import Cluster
 from .errors import InvalidInputError
+from .files import read_json
 from .model import ModelConfig, TrainingConfig
 from .opgraph import LayerGraph, build_layer_graph
 
@@ -70,16 +71,7 @@ class IRDocument:
 
     @classmethod
     def load(cls, path: str | Path) -> IRDocument:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InvalidInputError("file not found", source=str(p)) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise InvalidInputError(f"cannot read file ({err})", source=str(p)) from None
-        except json.JSONDecodeError as err:
-            raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=str(p)) from None
-        return cls.from_dict(data, source=str(p))
+        return cls.from_dict(read_json(path), source=str(path))
 
 
 def build_ir(cluster: Cluster, model: ModelConfig, training: TrainingConfig,

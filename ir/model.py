@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import InvalidInputError
+from .files import read_structured_file
 
 __all__ = [
     "PRESETS",
@@ -156,8 +157,6 @@ def load_model(spec: str) -> ModelConfig:
     if not path.exists():
         raise InvalidInputError(
             f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}) and no such file", field="model")
-    from .cluster import read_structured_file
-
     data = read_structured_file(path)
     if isinstance(data, dict) and "hidden" in data:
         return ModelConfig.from_dict(data, source=str(path))

@@ -35,13 +35,13 @@ by ``a``; a class not listed uses 1 and 1.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .checks import finite_number
 from .errors import InvalidInputError
+from .files import read_json
 
 __all__ = ["DEFAULT_PROFILE", "PROFILE_SCHEMA", "Profile", "load_profile"]
 
@@ -179,13 +179,4 @@ def load_profile(path: str | Path | None) -> Profile:
     """Load a profile JSON, or return the documented defaults when ``path`` is None."""
     if path is None:
         return DEFAULT_PROFILE
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InvalidInputError("file not found", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidInputError(f"cannot read file ({err})", source=str(p)) from None
-    except json.JSONDecodeError as err:
-        raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=str(p)) from None
-    return Profile.from_dict(data, source=str(p))
+    return Profile.from_dict(read_json(path), source=str(path))

@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from .errors import InvalidInputError
+from .files import read_json
 from .model import ModelConfig, TrainingConfig
 
 __all__ = [
@@ -348,18 +349,7 @@ class Program:
 
     @classmethod
     def load(cls, path: str) -> Program:
-        from pathlib import Path
-
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise InvalidInputError("file not found", source=str(p)) from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise InvalidInputError(f"cannot read file ({err})", source=str(p)) from None
-        except json.JSONDecodeError as err:
-            raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=str(p)) from None
-        return cls.from_dict(data, source=str(p))
+        return cls.from_dict(read_json(path), source=str(path))
 
 
 def format_grid(program: Program, width: int = 14) -> str:

@@ -216,3 +216,40 @@ def test_bad_flags_are_one_line_too(argv: list[str], capsys) -> None:
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "error: " in lines[0] and lines[0].endswith("--help)")
+
+
+BROKEN_FILES = [
+    # (id, contents (None: a folder), the words the one line must hold)
+    ("binary", b"\xff\xfe\x00\x01garbage", "not a UTF-8 text file"),
+    ("folder", None, "cannot read file"),
+    ("empty", "", "file is empty"),
+    ("bad-json", '{"stages": [}', "invalid JSON at line 1 column 13"),
+]
+FILE_READERS = [
+    # (command, the arguments around the file: {f} is replaced by its path)
+    ("evaluate", ["{f}"]),
+    ("solve", ["{f}"]),
+    ("compile", ["{f}"]),
+    ("validate", ["{f}"]),
+    ("show", ["{f}"]),
+    ("simulate", ["{f}"]),
+    ("pair", ["--model", "tiny", "--cluster", "small-mixed", "--tp", "2", "--plan", "{f}"]),
+    ("plan", ["--model", "tiny", "--cluster", "small-mixed", "--solver", "megatron", "--profile", "{f}"]),
+    ("plan", ["--model", "tiny", "--cluster", "{f}", "--solver", "megatron"]),
+]
+
+
+@pytest.mark.parametrize(("command", "args"), FILE_READERS, ids=[f"{c}-{a[-2] if len(a) > 1 else 'file'}" for c, a in FILE_READERS])
+@pytest.mark.parametrize(("contents", "needle"), [b[1:] for b in BROKEN_FILES], ids=[b[0] for b in BROKEN_FILES])
+def test_every_command_answers_a_broken_input_file_with_one_line_naming_it(tmp_path: Path, capsys, command: str,
+                                                                           args: list[str], contents, needle: str) -> None:
+    if contents is None:
+        path = str(tmp_path / "a-folder.json")
+        Path(path).mkdir()
+    else:
+        path = write(tmp_path, "broken.json", contents)
+    rc, out, err = run_cli(capsys, command, *(a.replace("{f}", path) for a in args))
+    assert rc == 2 and out == "" and "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"hexhelix {command}: error: {path}: ") and needle in lines[0], lines[0]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hexhelix.ir.files import read_json
 from hexhelix.ir.plan import Plan
 
 from .common import progress
@@ -82,16 +83,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_plan(path: str) -> Plan:
-    import json
-
-    from hexhelix.ir.errors import InvalidInputError
-
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InvalidInputError("file not found", source=path) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidInputError(f"cannot read file ({err})", source=path) from None
-    except json.JSONDecodeError as err:
-        raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=path) from None
-    return Plan.from_dict(data, source=path)
+    return Plan.from_dict(read_json(path), source=path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hexhelix.ir.cluster import read_structured_file
+from hexhelix.ir.files import read_structured_file
 from hexhelix.ir.plan import Plan
 from hexhelix.ir.profile import load_profile
 

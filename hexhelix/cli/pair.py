@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hexhelix.ir.errors import InvalidInputError
+from hexhelix.ir.files import read_json
 from hexhelix.ir.pairing import PairingPlan, dhelix_default_plan
 
 from .common import add_model_args, emit_json, load_inputs, progress
@@ -127,10 +128,4 @@ def _pick_node(cluster, tp: int, name: str | None) -> int:
 
 
 def _load_plan(path: str) -> PairingPlan:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InvalidInputError("file not found", source=path) from None
-    except json.JSONDecodeError as err:
-        raise InvalidInputError(f"invalid JSON at line {err.lineno}: {err.msg}", source=path) from None
-    return PairingPlan.from_dict(data, source=path)
+    return PairingPlan.from_dict(read_json(path), source=path)

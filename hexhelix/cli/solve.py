@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from hexhelix.ir.cluster import read_structured_file
 from hexhelix.ir.errors import InvalidInputError, UnsupportedError
+from hexhelix.ir.files import read_structured_file
 from hexhelix.ir.plan import PROBLEM_SCHEMA, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
