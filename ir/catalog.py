@@ -8,10 +8,13 @@ user-supplied ``gpu_types`` entry.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-__all__ = ["CATALOG", "GpuType", "lookup_gpu"]
+__all__ = ["CATALOG", "SPEC_MAX", "GpuType", "lookup_gpu"]
+
+# no GPU or link figure (TFLOPS, GiB, GB/s, µs) comes near this: a larger one is a typo, and would
+# overflow the byte and FLOP counts computed from it
+SPEC_MAX = 1e9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,8 +31,8 @@ class GpuType:
     def __post_init__(self) -> None:
         for field_name in ("tflops", "memory_gib", "mem_GBps", "intra_GBps"):
             value = getattr(self, field_name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < math.inf:
-                raise ValueError(f"{field_name}: must be a positive number, got {value!r}")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= SPEC_MAX:
+                raise ValueError(f"{field_name}: must be a positive number up to {SPEC_MAX:g}, got {value!r}")
             # one numeric type, so a catalog row and the same row read back from JSON serialise
             # to the same bytes (80 vs 80.0)
             object.__setattr__(self, field_name, float(value))

@@ -22,7 +22,7 @@ from typing import Any
 
 import networkx as nx
 
-from .catalog import GpuType, lookup_gpu
+from .catalog import SPEC_MAX, GpuType, lookup_gpu
 from .checks import finite_number
 from .errors import InvalidInputError
 from .files import read_structured_file
@@ -191,6 +191,8 @@ def _num(value: Any, field: str, *, positive: bool = True, allow_zero: bool = Fa
         raise InvalidInputError(f"must be a finite number, got {value!r}", field=field)
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise InvalidInputError(f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}", field=field)
+    if abs(value) > SPEC_MAX:
+        raise InvalidInputError(f"must be at most {SPEC_MAX:g}, got {value!r}", field=field)
     return float(value)
 
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .checks import finite_number
 from .errors import InvalidInputError
 from .files import read_structured_file
 
@@ -44,6 +45,10 @@ class ModelConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise InvalidInputError(f"must be a positive integer, got {v!r}", field=f)
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidInputError(f"must be a non-empty string, got {self.name!r}", field="name")
+        if not isinstance(self.tie_embeddings, bool):
+            raise InvalidInputError(f"must be true or false, got {self.tie_embeddings!r}", field="tie_embeddings")
         if self.hidden % self.heads:
             raise InvalidInputError(
                 f"hidden size {self.hidden} is not divisible by the head count {self.heads}", field="hidden")
@@ -191,7 +196,7 @@ class TrainingConfig:
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise InvalidInputError(f"must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}", field="dtype")
         sbp = self.state_bytes_per_param
-        if isinstance(sbp, bool) or not isinstance(sbp, int | float) or sbp <= 0:
+        if not finite_number(sbp) or sbp <= 0:
             raise InvalidInputError(f"must be a positive number, got {sbp!r}", field="state_bytes_per_param")
         if not isinstance(self.sequence_parallel, bool):
             raise InvalidInputError(f"must be true or false, got {self.sequence_parallel!r}",

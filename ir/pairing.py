@@ -292,6 +292,9 @@ class PairingPlan:
             for k, entry in enumerate(d["DCBlocks"]):
                 if not isinstance(entry, list) or len(entry) != 3:
                     raise InvalidInputError("each block must be [fwd ops, bwd ops, comm ops]", field=f"DCBlocks[{k}]")
+                if any(x not in (None, "None") and not isinstance(x, list) for x in entry):
+                    raise InvalidInputError("each of a block's three entries must be a list of op names or "
+                                            "\"None\"", field=f"DCBlocks[{k}]")
                 lists = [() if x in (None, "None") else tuple(str(n) for n in x) for x in entry]
                 blocks.append(PairBlock(fwd=lists[0], bwd=lists[1], comm=lists[2]))
             return cls(blocks=tuple(blocks), meta=dict(d.get("meta") or {}))

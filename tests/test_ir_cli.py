@@ -105,6 +105,9 @@ BAD_CLUSTERS = [
     ("bad-link", "c.yaml", f"nodes: [{GOOD_NODE}]\nlinks: [{{between: [a, z], GBps: 1}}]", "links[0].between"),
     ("negative-bandwidth", "c.yaml", "nodes: [{name: a, gpu: A100, count: 8, intra_GBps: -3}]",
      "nodes[0].intra_GBps"),
+    ("user-type-huge-memory", "c.yaml", "gpu_types: {X: {tflops: 10, memory_gib: 1.0e+308}}\nnodes: [{name: a, gpu: X, count: 1}]",
+     "gpu_types.X.memory_gib"),
+    ("huge-inter-bandwidth", "c.yaml", f"nodes: [{GOOD_NODE}]\ninter_GBps: 1.0e+300\n", "inter_GBps"),
     ("user-type-missing-memory", "c.yaml", "gpu_types: {X: {tflops: 10}}\nnodes: [{name: a, gpu: X, count: 1}]",
      "gpu_types.X.memory_gib"),
 ]

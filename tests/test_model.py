@@ -131,7 +131,22 @@ def test_training_config_defaults_and_validation() -> None:
     assert TrainingConfig.from_dict(t.to_dict()) == t
     for kwargs, field in [({"global_batch": 6, "micro_batch": 4}, "global_batch"),
                           ({"recompute": "some"}, "recompute"), ({"seq_len": 0}, "seq_len"),
-                          ({"micro_batch": 1.5}, "micro_batch"), ({"dtype": "fp8"}, "dtype")]:
+                          ({"micro_batch": 1.5}, "micro_batch"), ({"dtype": "fp8"}, "dtype"),
+                          ({"state_bytes_per_param": float("nan")}, "state_bytes_per_param"),
+                          ({"state_bytes_per_param": float("inf")}, "state_bytes_per_param")]:
         with pytest.raises(InvalidInputError) as err:
             TrainingConfig(**kwargs)
         assert err.value.field == field
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"tie_embeddings": []}, "tie_embeddings"),
+    ({"tie_embeddings": "yes"}, "tie_embeddings"),
+    ({"name": ""}, "name"),
+    ({"name": ["llama"]}, "name"),
+    ({"layers": 2.5}, "layers"),
+])
+def test_a_model_document_with_a_field_of_the_wrong_kind_names_that_field(patch: dict, field: str) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        ModelConfig.from_dict({**PRESETS["tiny"].to_dict(), **patch}, source="m.json")
+    assert (err.value.source, err.value.field) == ("m.json", field)

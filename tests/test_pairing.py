@@ -263,6 +263,13 @@ def test_bad_problem_documents_name_the_field(llama_a40: PairingProblem, patch: 
         PairingProblem.from_dict(d, source="p.json")
 
 
+@pytest.mark.parametrize("entry", [[["ln_attn"], -0.5, "None"], [{"a": 1}, "None", "None"], [["ln_attn"], "None"]])
+def test_a_malformed_pairing_plan_block_is_named(entry: list) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        PairingPlan.from_dict({"DCBlocks": [[["x"], "None", "None"], entry]}, source="plan.json")
+    assert (err.value.source, err.value.field) == ("plan.json", "DCBlocks[1]")
+
+
 def test_bad_op_order_is_rejected() -> None:
     with pytest.raises(InvalidInputError, match="topological"):
         PairingProblem(fwd=(PairOp(name="a", op_class="gemm", resource="compute", duration_s=1.0, deps=("b",)),
