@@ -15,6 +15,8 @@ from .errors import InvalidInputError
 from .files import read_structured_file
 
 __all__ = [
+    "MAX_LAYERS",
+    "MAX_MICRO_BATCHES",
     "PRESETS",
     "ModelConfig",
     "Recompute",
@@ -25,6 +27,14 @@ __all__ = [
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+# planning time grows with the layer count (100,000 layers: ~14 s on 8 GPUs); real models have
+# up to a few hundred, so more is a typo that would otherwise look like a hang
+MAX_LAYERS = 10_000
+# micro-batches per step: the planners' work grows with them (100,000: hexiscale ~2 s, CP-SAT's models
+# 2.7 GB on 8 GPUs), and a step of more is a typo or a batch that wants a larger micro-batch
+MAX_MICRO_BATCHES = 100_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +55,8 @@ class ModelConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise InvalidInputError(f"must be a positive integer, got {v!r}", field=f)
+        if self.layers > MAX_LAYERS:
+            raise InvalidInputError(f"{self.layers} layers exceeds the limit of {MAX_LAYERS}", field="layers")
         if not isinstance(self.name, str) or not self.name:
             raise InvalidInputError(f"must be a non-empty string, got {self.name!r}", field="name")
         if not isinstance(self.tie_embeddings, bool):
@@ -190,6 +202,11 @@ class TrainingConfig:
             raise InvalidInputError(
                 f"global batch {self.global_batch} is not a multiple of the micro-batch {self.micro_batch}",
                 field="global_batch")
+        if self.global_batch // self.micro_batch > MAX_MICRO_BATCHES:
+            raise InvalidInputError(
+                f"global batch {self.global_batch} / micro-batch {self.micro_batch} = "
+                f"{self.global_batch // self.micro_batch} micro-batches per step exceeds the limit of "
+                f"{MAX_MICRO_BATCHES}; use a larger micro-batch", field="global_batch")
         if self.recompute not in RECOMPUTE_MODES:
             raise InvalidInputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}",
                                     field="recompute")

@@ -167,15 +167,20 @@ class CostTables:
         if last and self.problem.schedule == "1f1b":
             self._drops[key] = [(1, self.max_layers(c, first, last, 1))]
             return self._drops[key]
-        out: list[tuple[int, int]] = []
-        prev = None
-        for v in range(1, self.max_inflight + 1):
-            lm = self.max_layers(c, first, last, v)
-            if prev is None or lm < prev:
-                out.append((v, lm))
-            prev = lm
-            if lm <= 0:
-                break
+        # the limit is nonincreasing in v: bisect for the drops instead of scanning every v (a step of
+        # 10,000 micro-batches: 140,000 memory evaluations per P-model before, a few hundred now)
+        lm_of = lambda v: self.max_layers(c, first, last, v)  # noqa: E731
+        out: list[tuple[int, int]] = [(1, lm_of(1))]
+        todo = [(1, self.max_inflight)]
+        while todo and out[-1][1] > 0:
+            lo, hi = todo.pop()                     # lm_of(lo) is out[-1][1]; drops in (lo, hi] follow
+            if hi <= lo or lm_of(hi) == lm_of(lo):
+                continue
+            if hi == lo + 1:
+                out.append((hi, lm_of(hi)))
+                continue
+            mid = (lo + hi) // 2
+            todo += [(mid, hi), (lo, mid)]          # the left half first: drops come out in order of v
         self._drops[key] = out
         return out
 

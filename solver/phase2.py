@@ -39,6 +39,8 @@ class PipelineSolver:
         self.problem, self.table, self.tau = problem, table, tau
         self.graph = problem.cluster.device_graph()
         self.n_mb = problem.training.num_micro_batches
+        # (block order, TP split) by (shape, m) from solve, (shape, m, "resplit") from resplit, and
+        # (shape, order, start split, m, "descent") for resplit's one round of descent
         self._memo: dict[tuple, tuple[tuple[int, ...], list[int]] | None] = {}
         self._orders: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self._layouts: dict[tuple, tuple[tuple[int, ...], float] | None] = {}  # assign_layers by its inputs

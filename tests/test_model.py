@@ -132,6 +132,7 @@ def test_training_config_defaults_and_validation() -> None:
     for kwargs, field in [({"global_batch": 6, "micro_batch": 4}, "global_batch"),
                           ({"recompute": "some"}, "recompute"), ({"seq_len": 0}, "seq_len"),
                           ({"micro_batch": 1.5}, "micro_batch"), ({"dtype": "fp8"}, "dtype"),
+                          ({"global_batch": 10**12}, "global_batch"),
                           ({"state_bytes_per_param": float("nan")}, "state_bytes_per_param"),
                           ({"state_bytes_per_param": float("inf")}, "state_bytes_per_param")]:
         with pytest.raises(InvalidInputError) as err:
@@ -145,6 +146,7 @@ def test_training_config_defaults_and_validation() -> None:
     ({"name": ""}, "name"),
     ({"name": ["llama"]}, "name"),
     ({"layers": 2.5}, "layers"),
+    ({"layers": 10**12}, "layers"),
 ])
 def test_a_model_document_with_a_field_of_the_wrong_kind_names_that_field(patch: dict, field: str) -> None:
     with pytest.raises(InvalidInputError) as err:

@@ -498,3 +498,35 @@ def test_below_twenty_seconds_where_no_model_fits_the_heuristics_and_the_fluid_s
     # from 20 s on (the fluid search in a child for the whole limit) nothing is left unused: no change
     res = solve(pb, "cpsat", time_limit=4.0, options={"fluid_parallel": True})
     assert res.params["models_fit"] and budgets[-1] == pytest.approx(1.0)
+
+
+def _scanned_drops(tables, c: int, first: bool, last: bool) -> list[tuple[int, int]]:
+    """Memory's layer limit at every in-flight count, kept where it drops (until it reaches 0)."""
+    if last and tables.problem.schedule == "1f1b":
+        return [(1, tables.max_layers(c, first, last, 1))]
+    out, prev = [], None
+    for v in range(1, tables.max_inflight + 1):
+        lm = tables.max_layers(c, first, last, v)
+        if prev is None or lm < prev:
+            out.append((v, lm))
+        prev = lm
+        if lm <= 0:
+            break
+    return out
+
+
+@pytest.mark.parametrize(("model", "recompute", "schedule", "batch"), [
+    ("llama2-7b", "none", "1f1b", 64), ("llama2-7b", "selective", "gpipe", 256), ("llama2-13b", "full", "1f1b", 512),
+    ("tiny", "none", "gpipe", 1000),
+])
+def test_the_memory_rows_in_flight_are_where_the_layer_limit_drops(examples_dir, model, recompute, schedule, batch) -> None:
+    from hexhelix.ir.cluster import load_cluster
+
+    pb = PlanProblem(cluster=load_cluster(examples_dir / "clusters" / "mixed-a100-a40-t4.yaml"), model=PRESETS[model],
+                     training=TrainingConfig(global_batch=batch, recompute=recompute), schedule=schedule)
+    tables = build_tables(pb)
+    drops = [tables.inflight_values(c, first, last) for c in range(len(tables.options))
+             for first in (False, True) for last in (False, True)]
+    assert drops == [_scanned_drops(tables, c, first, last) for c in range(len(tables.options))
+                     for first in (False, True) for last in (False, True)]
+    assert any(len(d) > 2 for d in drops)     # the limit drops more than once somewhere: the search is exercised
