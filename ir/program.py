@@ -29,6 +29,7 @@ from typing import Any
 from .errors import InvalidInputError
 from .files import read_json
 from .model import ModelConfig, TrainingConfig
+from .typed import build, checked
 
 __all__ = [
     "PROGRAM_SCHEMA",
@@ -140,15 +141,23 @@ class Instr:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Instr:
-        kw = dict(d)
-        kw["op"] = Op(kw["op"])
-        if "kind" in kw:
-            kw["kind"] = Kind(kw["kind"])
-        if "pair" in kw:
-            a, b = kw["pair"]
-            kw["pair"] = (cls.from_dict(a), cls.from_dict(b))
-        return cls(**kw)
+    def from_dict(cls, d: Any, where: str = "instr") -> Instr:
+        """An instruction from its JSON object; a wrong field is an input error naming ``where``."""
+        if not isinstance(d, dict):
+            raise InvalidInputError(f"must be an object, got {d!r}", field=where)
+        given: dict[str, Any] = {}
+        for key, enum in (("op", Op), ("kind", Kind)):
+            if key in d:
+                try:
+                    given[key] = enum(d[key])
+                except ValueError:
+                    raise InvalidInputError(f"must be one of {', '.join(e.value for e in enum)}, got {d[key]!r}",
+                                            field=f"{where}.{key}") from None
+        if "pair" in d:
+            if not isinstance(d["pair"], list) or len(d["pair"]) != 2:
+                raise InvalidInputError("must be a list of two instructions", field=f"{where}.pair")
+            given["pair"] = tuple(cls.from_dict(x, f"{where}.pair[{i}]") for i, x in enumerate(d["pair"]))
+        return build(cls, d, where, **given)
 
 
 _INSTR_DEFAULTS = {"stage": -1, "mb": -1, "strand": 0, "peer": -1, "ch": -1, "group": "", "coll": "",
@@ -181,10 +190,10 @@ def parse_instr(token: str) -> Instr:
     if token.startswith("(") and token.endswith(")") and "|" in token:
         a, b = token[1:-1].split("|", 1)
         return Instr(op=Op.PAIR, pair=(parse_instr(a), parse_instr(b)))
-    for pattern, build in _PATTERNS:
+    for pattern, make in _PATTERNS:
         m = pattern.match(token)
         if m:
-            return build(m)
+            return make(m)
     raise InvalidInputError(f"not an instruction token: {token!r}", field="token")
 
 
@@ -324,18 +333,27 @@ class Program:
                     f"expected schema {PROGRAM_SCHEMA!r}, got {d.get('schema')!r}; recompile the plan "
                     "with this version of hexhelix", field="schema")
             try:
+                def rows(key: str) -> list[Any]:
+                    if not isinstance(d[key], list):
+                        raise InvalidInputError(f"must be a list, got {d[key]!r}", field=key)
+                    return d[key]
+
+                if not isinstance(d["grad_sync"], dict):
+                    raise InvalidInputError("must be an object of buckets", field="grad_sync")
                 return cls(
-                    world_size=int(d["world_size"]), strands=int(d["strands"]), schedule=str(d["schedule"]),
+                    world_size=checked(d["world_size"], int, "world_size"), strands=checked(d["strands"], int, "strands"),
+                    schedule=checked(d["schedule"], str, "schedule"),
                     model=ModelConfig.from_dict(d["model"]), training=TrainingConfig.from_dict(d["training"]),
-                    pipes=tuple(PipeInfo(id=p["id"], stages=tuple(p["stages"]), micro_batches=p["micro_batches"],
-                                         batch_share=p["batch_share"]) for p in d["pipes"]),
-                    stages=tuple(StageInfo(id=s["id"], pipe=s["pipe"], phys=s["phys"], layers=tuple(s["layers"]),
-                                           ranks=tuple(s["ranks"]), tp_group=s["tp_group"], embed=s["embed"],
-                                           head=s["head"], leg=s.get("leg", "")) for s in d["stages"]),
-                    groups=tuple(GroupInfo(name=g["name"], ranks=tuple(g["ranks"])) for g in d["groups"]),
-                    grad_sync={b: tuple(SliceEntry(**e) for e in entries) for b, entries in d["grad_sync"].items()},
-                    ranks=tuple(RankInfo(**r) for r in d["ranks"]),
-                    programs=tuple(tuple(Instr.from_dict(i) for i in prog) for prog in d["programs"]),
+                    pipes=tuple(build(PipeInfo, p, f"pipes[{i}]") for i, p in enumerate(rows("pipes"))),
+                    stages=tuple(build(StageInfo, s, f"stages[{i}]") for i, s in enumerate(rows("stages"))),
+                    groups=tuple(build(GroupInfo, g, f"groups[{i}]") for i, g in enumerate(rows("groups"))),
+                    grad_sync={b: tuple(build(SliceEntry, e, f"grad_sync.{b}[{i}]")
+                                        for i, e in enumerate(checked(entries, tuple[Any, ...], f"grad_sync.{b}")))
+                               for b, entries in d["grad_sync"].items()},
+                    ranks=tuple(build(RankInfo, r, f"ranks[{i}]") for i, r in enumerate(rows("ranks"))),
+                    programs=tuple(tuple(Instr.from_dict(x, f"programs[{r}][{i}]")
+                                         for i, x in enumerate(checked(prog, tuple[Any, ...], f"programs[{r}]")))
+                                   for r, prog in enumerate(rows("programs"))),
                     meta=dict(d.get("meta") or {}),
                 )
             except KeyError as err:

@@ -139,6 +139,44 @@ def test_program_tokens_and_grid() -> None:
         prog.group("nope")
 
 
+def _with(d, path, value):
+    """A deep copy of ``d`` with the value at ``path`` (keys and indices) replaced."""
+    d = json.loads(json.dumps(d))
+    cur = d
+    for key in path[:-1]:
+        cur = cur[key]
+    cur[path[-1]] = value
+    return d
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [
+    (("ranks", 1, "state_bytes"), float("nan"), "ranks[1].state_bytes"),
+    (("ranks", 0, "node"), 3, "ranks[0].node"),
+    (("programs", 1, 0, "stage"), "x", "programs[1][0].stage"),
+    (("programs", 0, 0, "op"), "JUMP", "programs[0][0].op"),
+    (("programs", 0, 0, "dur"), {}, "programs[0][0].dur"),
+    (("programs", 0, 0, "stage"), True, "programs[0][0].stage"),
+    (("stages", 0, "layers"), [0], "stages[0].layers"),
+    (("stages", 0, "embed"), "yes", "stages[0].embed"),
+    (("pipes", 0, "stages"), 7, "pipes[0].stages"),
+    (("groups", 0, "ranks", 0), 0.5, "groups[0].ranks[0]"),
+    (("programs", 0), {"op": "F"}, "programs[0]"),
+])
+def test_a_program_value_of_the_wrong_kind_is_named_by_its_place(path, value, field) -> None:
+    d = small_program().to_dict()
+    with pytest.raises(InvalidInputError) as err:
+        Program.from_dict(_with(d, path, value), source="p.json")
+    assert (err.value.source, err.value.field) == ("p.json", field)
+
+
+def test_a_program_slice_of_the_wrong_kind_is_named_by_its_place() -> None:
+    d = small_program().to_dict()
+    bucket = next(iter(d["grad_sync"]))
+    with pytest.raises(InvalidInputError) as err:
+        Program.from_dict(_with(d, ("grad_sync", bucket, 0, "hi"), "x"), source="p.json")
+    assert err.value.field == f"grad_sync.{bucket}[0].hi"
+
+
 def test_program_rejects_bad_documents(tmp_path: Path) -> None:
     d = small_program().to_dict()
     with pytest.raises(InvalidInputError, match="recompile"):
