@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from .checks import finite_number
 from .errors import InvalidInputError
 from .files import read_json
 from .model import ModelConfig, TrainingConfig
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 PROGRAM_SCHEMA = "hexhelix.program/1"
+_META_NUMBERS = ("pair_oef", "runtime_reserve_bytes")  # the header's meta entries the simulator reads
 
 
 class Op(StrEnum):
@@ -340,7 +342,7 @@ class Program:
 
                 if not isinstance(d["grad_sync"], dict):
                     raise InvalidInputError("must be an object of buckets", field="grad_sync")
-                return cls(
+                prog = cls(
                     world_size=checked(d["world_size"], int, "world_size"), strands=checked(d["strands"], int, "strands"),
                     schedule=checked(d["schedule"], str, "schedule"),
                     model=ModelConfig.from_dict(d["model"]), training=TrainingConfig.from_dict(d["training"]),
@@ -356,6 +358,9 @@ class Program:
                                    for r, prog in enumerate(rows("programs"))),
                     meta=dict(d.get("meta") or {}),
                 )
+                for key in _META_NUMBERS:   # checked here, so the error names the file
+                    prog.meta_number(key, 0.0)
+                return prog
             except KeyError as err:
                 raise InvalidInputError("missing required field", field=str(err.args[0])) from None
             except (TypeError, ValueError, AttributeError) as err:
@@ -364,6 +369,15 @@ class Program:
                 raise InvalidInputError(f"malformed entry ({err})") from None
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
+
+    def meta_number(self, key: str, default: float) -> float:
+        """A number the header's free-form ``meta`` carries for the simulator (``_META_NUMBERS``),
+        else ``default``; anything but a finite number ≥ 0 there is an
+        input error naming ``meta.<key>``."""
+        value = self.meta.get(key, default)
+        if not finite_number(value) or value < 0:
+            raise InvalidInputError(f"must be a finite number >= 0, got {value!r}", field=f"meta.{key}")
+        return value
 
     @classmethod
     def load(cls, path: str) -> Program:

@@ -86,6 +86,10 @@ def _check_schema(p: Program) -> list[Finding]:
             out.append(Finding("schema", f"pipe {pipe.id}: micro_batches must be >= 1"))
         if any(p.stages[s].pipe != pipe.id for s in pipe.stages if 0 <= s < len(p.stages)):
             out.append(Finding("schema", f"pipe {pipe.id} lists a stage of another pipe"))
+    total = sum(pipe.micro_batches for pipe in p.pipes)
+    if total != p.training.num_micro_batches:   # also bounds every per-micro-batch check below
+        out.append(Finding("schema", f"the pipes' micro-batches sum to {total}, not the step's "
+                                     f"{p.training.num_micro_batches} (global batch / micro-batch)"))
     share = sum(pipe.batch_share for pipe in p.pipes)
     if abs(share - 1.0) > 1e-6:
         out.append(Finding("schema", f"pipe batch shares sum to {share}, not 1"))

@@ -367,7 +367,7 @@ class _Engine:
         makespan = self.end
         reserve = self.opts.reserve_bytes
         if reserve is None:
-            reserve = int(program.meta.get("runtime_reserve_bytes", DEFAULT_PROFILE.runtime_reserve_bytes))
+            reserve = int(program.meta_number("runtime_reserve_bytes", DEFAULT_PROFILE.runtime_reserve_bytes))
         stats = []
         record = self.opts.record
         levels: list[tuple[tuple[float, int], ...]] = []

@@ -166,6 +166,23 @@ def test_solve_with_a_bad_hexiscale_budget_is_one_line(capsys, cluster_file: Pat
     assert code == 2 and len(err) == 1 and "regroup_evals" in err[0] and "-1" in err[0]
 
 
+@pytest.mark.parametrize(("settings", "field"), [
+    ({"solver": [1, 2]}, "solve.solver"), ({"time_limit": "soon"}, "solve.time_limit"),
+    ({"time_limit": float("nan")}, "solve.time_limit"), ({"seed": 1.5}, "solve.seed"), ("fast", "solve"),
+])
+def test_solve_with_a_malformed_settings_section_names_the_setting(capsys, cluster_file: Path, tmp_path: Path,
+                                                                   settings, field: str) -> None:
+    prob_path = tmp_path / "problem.json"
+    assert main(["plan", *tiny_args(cluster_file), "--solver", "megatron", "--export-problem", str(prob_path)]) == 0
+    capsys.readouterr()
+    prob = json.loads(prob_path.read_text())
+    prob["solve"] = {**prob["solve"], **settings} if isinstance(settings, dict) else settings
+    prob_path.write_text(json.dumps(prob))
+    code = main(["solve", str(prob_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{prob_path}: {field}:" in err[0], err
+
+
 @pytest.mark.parametrize("solver", [["cpsat"], ["milp", "--backend", "highs"], ["milp", "--backend", "cbc"]])
 def test_plan_json_with_the_solver_log_keeps_stdout_one_json_object(capfd, cluster_file: Path,
                                                                      solver: list[str]) -> None:

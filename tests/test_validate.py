@@ -245,6 +245,11 @@ def test_schema_reference_errors(p1f1b):
         assert "bucket 'nope' is not in the slice plan" in _first(_with_rank(p1f1b, r, bad))
 
 
+def test_pipes_must_split_the_steps_micro_batches(p1f1b):
+    pipes = (replace(p1f1b.pipes[0], micro_batches=10**12), *p1f1b.pipes[1:])   # checked before any loop over them
+    assert "micro-batches sum to" in _first(replace(p1f1b, pipes=pipes))
+
+
 def test_opt_must_be_last(p1f1b):
     instrs = list(p1f1b.programs[0])
     instrs.insert(0, instrs.pop())

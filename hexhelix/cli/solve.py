@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from hexhelix.ir.checks import check_seconds
 from hexhelix.ir.errors import InvalidInputError, UnsupportedError
 from hexhelix.ir.files import read_structured_file
 from hexhelix.ir.plan import PROBLEM_SCHEMA, PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
+from hexhelix.ir.typed import checked
 
 from .common import emit_json
 from .plan import report, ticker
@@ -57,15 +59,23 @@ def run(args: argparse.Namespace) -> int:
 
     problem = PlanProblem.from_dict(d, source=args.problem)
     profile = Profile.from_dict(d["profile"], source=args.problem) if d.get("profile") else DEFAULT_PROFILE
-    settings = dict(d.get("solve") or {})
-    method = args.solver or settings.pop("solver", "cpsat")
-    settings.pop("solver", None)
-    if method == "milp":
-        method = f"milp-{settings.get('backend', 'highs')}"
-    limit = args.time_limit if args.time_limit is not None else float(settings.pop("time_limit", 60.0))
-    settings.pop("time_limit", None)
-    seed = args.seed if args.seed is not None else int(settings.pop("seed", 0))
-    settings.pop("seed", None)
+    settings = d.get("solve") or {}
+    if not isinstance(settings, dict):
+        raise InvalidInputError(f"must be an object of solver settings, got {settings!r}", source=args.problem,
+                                field="solve")
+    try:
+        settings = dict(settings)
+        method = args.solver or checked(settings.pop("solver", "cpsat"), str, "solve.solver")
+        settings.pop("solver", None)
+        if method == "milp":
+            method = f"milp-{checked(settings.get('backend', 'highs'), str, 'solve.backend')}"
+        limit = args.time_limit if args.time_limit is not None else check_seconds(
+            settings.pop("time_limit", 60.0), "solve.time_limit", positive=True)
+        settings.pop("time_limit", None)
+        seed = args.seed if args.seed is not None else checked(settings.pop("seed", 0), int, "solve.seed")
+        settings.pop("seed", None)
+    except InvalidInputError as err:
+        raise err.with_source(args.problem) from None
     settings["log"] = args.log
     with ticker(f"hexhelix solve [{method}]", limit):
         res = solve(problem, method, seed=seed, profile=profile, time_limit=limit, options=settings)
