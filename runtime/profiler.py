@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from hexhelix.ir.checks import check_seconds
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.model import ModelConfig, TrainingConfig
 from hexhelix.ir.opgraph import OpClass, build_layer_graph
@@ -90,6 +91,11 @@ class ProfileOptions:
             raise InvalidInputError(f"must be at least 1, got {self.nproc}", field="--nproc")
         if self.warmup < 0 or self.repeats < 1:
             raise InvalidInputError("warm-up must be ≥ 0 and repeats ≥ 1", field="--repeats")
+        if self.threads < 0:
+            raise InvalidInputError(f"must be ≥ 0 (0: torch's default), got {self.threads}", field="--threads")
+        check_seconds(self.timeout_s, "--timeout", positive=True)
+        if self.gpu_type is not None and not self.gpu_type.strip():
+            raise InvalidInputError("must be a non-empty name", field="--gpu-type")
         for t in self.tp_degrees:
             self.model.check_tp(t)
 

@@ -249,6 +249,18 @@ def test_profile_cli_rejects_bad_flags(capsys):
         assert "needs a CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--memory-gib", "nan"], "--memory-gib"), (["--memory-gib", "-1"], "--memory-gib"),
+    (["--threads", "-1"], "--threads"), (["--timeout", "0"], "--timeout"), (["--gpu-type", " "], "--gpu-type"),
+])
+def test_profile_cli_rejects_bad_settings_before_measuring(capsys, flags, field):
+    from hexhelix.cli import main
+
+    assert main(["profile", "--quick", *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"error: {field}:" in err[0], err
+
+
 def test_fidelity_statistics_spearman_with_ties_and_summary():
     import importlib.util
     from pathlib import Path

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from hexhelix.ir.catalog import SPEC_MAX
+from hexhelix.ir.checks import finite_number
 from hexhelix.ir.errors import InvalidInputError
 from hexhelix.ir.opgraph import OpClass
 
@@ -72,7 +74,9 @@ def _tp_list(spec: str) -> tuple[int, ...]:
 
 
 def _memory_gib(args: argparse.Namespace) -> float:
-    if args.memory_gib:
+    if args.memory_gib is not None:
+        if not finite_number(args.memory_gib) or not 0 < args.memory_gib <= SPEC_MAX:
+            raise InvalidInputError(f"must be a positive number of GiB, got {args.memory_gib!r}", field="--memory-gib")
         return float(args.memory_gib)
     if args.backend == "nccl":
         import torch
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from hexhelix.runtime.profiler import ProfileOptions, calibrate, local_cluster, measure
     from hexhelix.solver import cost
 
+    if args.memory_gib is not None:
+        _memory_gib(args)  # checked before minutes of measuring
     _, model, training, base = load_inputs(args)
     # Ops are accounted in the dtype the kernels run in: the torch runtime computes in fp32 on a
     # CPU and bf16 on CUDA; plan and compile with the same dtype for the profile to apply.
