@@ -78,6 +78,9 @@ def _check_schema(p: Program) -> list[Finding]:
             out.append(Finding("schema", f"stage {s.id}: TP group {s.tp_group!r} missing or not equal to its ranks"))
         if any(not 0 <= r < W for r in s.ranks):
             out.append(Finding("schema", f"stage {s.id}: rank out of range in {list(s.ranks)}"))
+        if not 0 <= s.layers[0] < s.layers[1] <= p.model.layers:
+            out.append(Finding("schema", f"stage {s.id}: layers [{s.layers[0]}, {s.layers[1]}) are not a non-empty "
+                                         f"range of the model's {p.model.layers}"))
     listed = [s for pipe in p.pipes for s in pipe.stages]
     if sorted(listed) != list(range(len(p.stages))):
         out.append(Finding("schema", "pipes do not list every stage exactly once"))

@@ -250,6 +250,12 @@ def test_pipes_must_split_the_steps_micro_batches(p1f1b):
     assert "micro-batches sum to" in _first(replace(p1f1b, pipes=pipes))
 
 
+def test_a_stage_holds_a_range_of_the_models_layers(p1f1b):
+    for layers in ((0, 10**12), (3, 3), (-1, 2)):
+        stages = (replace(p1f1b.stages[0], layers=layers), *p1f1b.stages[1:])
+        assert f"stage 0: layers [{layers[0]}, {layers[1]}) are not" in _first(replace(p1f1b, stages=stages))
+
+
 def test_opt_must_be_last(p1f1b):
     instrs = list(p1f1b.programs[0])
     instrs.insert(0, instrs.pop())
