@@ -283,6 +283,9 @@ class Program:
         if len(self.ranks) != self.world_size:
             raise InvalidInputError(f"{len(self.ranks)} rank entries for world size {self.world_size}",
                                     field="ranks")
+        if self.strands not in (1, 2):
+            raise InvalidInputError(f"must be 1 or 2 (DHelix co-executes two strands), got {self.strands}",
+                                    field="strands")
 
     def group(self, name: str) -> GroupInfo:
         for g in self.groups:

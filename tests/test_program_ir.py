@@ -162,6 +162,8 @@ def _with(d, path, value):
     (("groups", 0, "ranks", 0), 0.5, "groups[0].ranks[0]"),
     (("programs", 0), {"op": "F"}, "programs[0]"),
     (("meta", "pair_oef"), {}, "meta.pair_oef"),
+    (("strands",), 10**12, "strands"),
+    (("strands",), 0, "strands"),
     (("meta", "runtime_reserve_bytes"), "x", "meta.runtime_reserve_bytes"),
 ])
 def test_a_program_value_of_the_wrong_kind_is_named_by_its_place(path, value, field) -> None:
