@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidInputError
+from .typed import mapping
 
 __all__ = [
     "PAIRING_PLAN_SCHEMA",
@@ -196,7 +197,7 @@ class PairingProblem:
                        block_overhead_s=d.get("block_overhead_s", 0.0),
                        fwd_groups=tuple(tuple(g) for g in groups.get("fwd", [])),
                        bwd_groups=tuple(tuple(g) for g in groups.get("bwd", [])),
-                       fused=tuple(tuple(r) for r in d.get("fused", [])), meta=dict(d.get("meta") or {}))
+                       fused=tuple(tuple(r) for r in d.get("fused", [])), meta=mapping(d.get("meta"), "meta"))
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
         except (TypeError, AttributeError) as err:
@@ -297,7 +298,7 @@ class PairingPlan:
                                             "\"None\"", field=f"DCBlocks[{k}]")
                 lists = [() if x in (None, "None") else tuple(str(n) for n in x) for x in entry]
                 blocks.append(PairBlock(fwd=lists[0], bwd=lists[1], comm=lists[2]))
-            return cls(blocks=tuple(blocks), meta=dict(d.get("meta") or {}))
+            return cls(blocks=tuple(blocks), meta=mapping(d.get("meta"), "meta"))
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
 

@@ -12,6 +12,7 @@ from typing import Any
 from .cluster import Cluster
 from .errors import InvalidInputError
 from .model import ModelConfig, TrainingConfig
+from .typed import mapping
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -182,10 +183,7 @@ class Plan:
             if "problem" not in d or "pipelines" not in d:
                 raise InvalidInputError("missing required field", field="problem" if "problem" not in d else "pipelines")
             pipes = _parse_pipelines(d["pipelines"])
-            meta = d.get("meta") or {}
-            if not isinstance(meta, dict):
-                raise InvalidInputError("must be a mapping", field="meta")
-            return cls(problem=PlanProblem.from_dict(d["problem"]), pipelines=pipes, meta=dict(meta))
+            return cls(problem=PlanProblem.from_dict(d["problem"]), pipelines=pipes, meta=mapping(d.get("meta"), "meta"))
         except InvalidInputError as err:
             raise (err.with_source(source) if source else err) from None
 

@@ -30,7 +30,7 @@ from .checks import finite_number
 from .errors import InvalidInputError
 from .files import read_json
 from .model import ModelConfig, TrainingConfig
-from .typed import build, checked
+from .typed import build, checked, mapping
 
 __all__ = [
     "PROGRAM_SCHEMA",
@@ -359,7 +359,7 @@ class Program:
                     programs=tuple(tuple(Instr.from_dict(x, f"programs[{r}][{i}]")
                                          for i, x in enumerate(checked(prog, tuple[Any, ...], f"programs[{r}]")))
                                    for r, prog in enumerate(rows("programs"))),
-                    meta=dict(d.get("meta") or {}),
+                    meta=mapping(d.get("meta"), "meta"),
                 )
                 for key in _META_NUMBERS:   # checked here, so the error names the file
                     prog.meta_number(key, 0.0)

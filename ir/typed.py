@@ -11,7 +11,7 @@ from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 from .checks import finite_number
 from .errors import InvalidInputError
 
-__all__ = ["build", "checked"]
+__all__ = ["build", "checked", "mapping"]
 
 T = TypeVar("T")
 
@@ -69,3 +69,13 @@ def build(cls: type[T], data: Any, where: str, **given: Any) -> T:
                 and f.default_factory is dataclasses.MISSING):
             raise InvalidInputError("missing required field", field=f"{where}.{f.name}")
     return cls(**kw)
+
+
+def mapping(value: Any, where: str) -> dict[str, Any]:
+    """A free-form object field (``meta``) as a new dict: absent or null is empty, anything but an
+    object an input error naming ``where``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"must be an object, got {value!r}", field=where)
+    return dict(value)

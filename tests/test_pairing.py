@@ -263,6 +263,12 @@ def test_bad_problem_documents_name_the_field(llama_a40: PairingProblem, patch: 
         PairingProblem.from_dict(d, source="p.json")
 
 
+def test_a_pairing_plan_whose_meta_is_not_an_object_is_named() -> None:
+    with pytest.raises(InvalidInputError) as err:
+        PairingPlan.from_dict({"DCBlocks": [[["x"], "None", "None"]], "meta": float("nan")}, source="plan.json")
+    assert (err.value.source, err.value.field) == ("plan.json", "meta")
+
+
 @pytest.mark.parametrize("entry", [[["ln_attn"], -0.5, "None"], [{"a": 1}, "None", "None"], [["ln_attn"], "None"]])
 def test_a_malformed_pairing_plan_block_is_named(entry: list) -> None:
     with pytest.raises(InvalidInputError) as err:
