@@ -345,7 +345,7 @@ class Program:
 
                 if not isinstance(d["grad_sync"], dict):
                     raise InvalidInputError("must be an object of buckets", field="grad_sync")
-                prog = cls(
+                program = cls(
                     world_size=checked(d["world_size"], int, "world_size"), strands=checked(d["strands"], int, "strands"),
                     schedule=checked(d["schedule"], str, "schedule"),
                     model=ModelConfig.from_dict(d["model"]), training=TrainingConfig.from_dict(d["training"]),
@@ -362,8 +362,8 @@ class Program:
                     meta=mapping(d.get("meta"), "meta"),
                 )
                 for key in _META_NUMBERS:   # checked here, so the error names the file
-                    prog.meta_number(key, 0.0)
-                return prog
+                    program.meta_number(key, 0.0)
+                return program
             except KeyError as err:
                 raise InvalidInputError("missing required field", field=str(err.args[0])) from None
             except (TypeError, ValueError, AttributeError) as err:
@@ -375,8 +375,7 @@ class Program:
 
     def meta_number(self, key: str, default: float) -> float:
         """A number the header's free-form ``meta`` carries for the simulator (``_META_NUMBERS``),
-        else ``default``; anything but a finite number ≥ 0 there is an
-        input error naming ``meta.<key>``."""
+        else ``default``; anything but a finite number ≥ 0 there is an input error naming it."""
         value = self.meta.get(key, default)
         if not finite_number(value) or value < 0:
             raise InvalidInputError(f"must be a finite number >= 0, got {value!r}", field=f"meta.{key}")

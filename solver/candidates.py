@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 from hexhelix.ir.errors import InvalidInputError, UnsupportedError
@@ -169,7 +169,7 @@ class CostTables:
             return self._drops[key]
         # the limit is nonincreasing in v: bisect for the drops instead of scanning every v (a step of
         # 10,000 micro-batches: 140,000 memory evaluations per P-model before, a few hundred now)
-        lm_of = lambda v: self.max_layers(c, first, last, v)  # noqa: E731
+        lm_of = partial(self.max_layers, c, first, last)
         out: list[tuple[int, int]] = [(1, lm_of(1))]
         todo = [(1, self.max_inflight)]
         while todo and out[-1][1] > 0:
