@@ -74,9 +74,10 @@ DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depend
 # presolve), and the node-pair terms P*K*nodes^2 of a P-model set it: 3.0 / 5.4 s to build and call at limits
 # <= 1 s for gen-64's P = 4 / 8 (8,192 / 16,384 terms), 2.9 / 4.9 s for gen-128's P = 1 / 2 (8,192 / 16,384),
 # 9.7 / 15.4 s for gen-256's P = 1 / 2 (32,768 / 65,536; 2026-12-06, this 2-core machine). So do the unary
-# micro-batch terms P*(M-P+1) where a step has many micro-batches: 6.6 s for small-mixed's P = 2 at 10,000
-# micro-batches (19,998 terms; its node-pair terms: 126). A model not built yet is charged that before it is
-# built; a built one what its calls took
+# micro-batch terms P*(M-P+1) where a step has many micro-batches, at 1e-4 to 6.4e-4 s each: 7.4 s for
+# small-mixed's P = 2 at 10,000 micro-batches (19,998 terms), 8.4 s for its P = 8 (79,944), 5.6 s for
+# hexiscale-het3's P = 2 at 4,096 (8,190); they count twice. A model not built yet is charged that before
+# it is built; a built one what its calls took
 BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
@@ -427,7 +428,7 @@ class _ExactRun:
         """P's model: stage slots K per pipeline, node-pair and micro-batch terms, estimated rows."""
         problem = self.problem
         K = max(1, min(problem.model.layers, problem.cluster.num_gpus - (P - 1) * self.gmin))
-        terms = P * K * len(problem.cluster.nodes) ** 2 + P * (problem.training.num_micro_batches - P + 1)
+        terms = P * K * len(problem.cluster.nodes) ** 2 + 2 * P * (problem.training.num_micro_batches - P + 1)
         return K, terms, P * K * len(self.tables.options) * (8 + K) + terms
 
     def _some_model_fits(self, seconds: float) -> bool:
