@@ -113,6 +113,18 @@ def test_compare_json(capsys, cluster_file: Path) -> None:
         assert d["results"][1]["throughput_vs_best_bound"] <= 1.0 + 1e-9
 
 
+@pytest.mark.parametrize("solvers", [",", " , ", ""])
+def test_compare_with_no_solver_named_is_one_line(capsys, cluster_file: Path, solvers: str) -> None:
+    assert main(["compare", *tiny_args(cluster_file), "--solvers", solvers]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--solvers: names no solver" in err[0], err
+
+
+def test_compare_runs_a_solver_named_twice_once(capsys, cluster_file: Path) -> None:
+    code, d = run_json(capsys, ["compare", *tiny_args(cluster_file), "--solvers", "megatron,megatron", "--json"])
+    assert code == 0 and [r["solver"] for r in d["results"]] == ["megatron"]
+
+
 def test_compare_table(capsys, cluster_file: Path) -> None:
     assert main(["compare", *tiny_args(cluster_file), "--solvers", "cpsat,milp"]) == 0
     out = capsys.readouterr().out

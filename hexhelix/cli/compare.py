@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from hexhelix.ir.errors import InvalidInputError
+
 from .common import add_model_args, cell, emit_json, progress
 from .plan import add_solver_args, problem_from_args, solver_options, ticker
 
@@ -28,7 +30,10 @@ def run(args: argparse.Namespace) -> int:
     from hexhelix.solver.solve import compare, relative_to_bound
 
     problem, profile = problem_from_args(args)
-    names = [s.strip() for s in args.solvers.split(",") if s.strip()]
+    names = list(dict.fromkeys(s.strip() for s in args.solvers.split(",") if s.strip()))  # each once, in order
+    if not names:
+        raise InvalidInputError(f"names no solver, got {args.solvers!r}; e.g. --solvers {DEFAULT_SOLVERS}",
+                                field="--solvers")
     methods, opts = [], {}
     for n in names:
         m, opts = solver_options(args, n)
