@@ -202,10 +202,10 @@ class TrainingConfig:
             raise InvalidInputError(
                 f"global batch {self.global_batch} is not a multiple of the micro-batch {self.micro_batch}",
                 field="global_batch")
-        if self.global_batch // self.micro_batch > MAX_MICRO_BATCHES:
+        if self.num_micro_batches > MAX_MICRO_BATCHES:
             raise InvalidInputError(
                 f"global batch {self.global_batch} / micro-batch {self.micro_batch} = "
-                f"{self.global_batch // self.micro_batch} micro-batches per step exceeds the limit of "
+                f"{self.num_micro_batches} micro-batches per step exceeds the limit of "
                 f"{MAX_MICRO_BATCHES}; use a larger micro-batch", field="global_batch")
         if self.recompute not in RECOMPUTE_MODES:
             raise InvalidInputError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}",
