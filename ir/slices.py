@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from .plan import Plan
 
-__all__ = ["SlicePiece", "cut_unit", "slice_pieces"]
+__all__ = ["SlicePiece", "cut_unit", "slice_pieces", "unit_holders"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,7 +28,7 @@ class SlicePiece:
     gpus: tuple[int, ...]  # one per pipeline, in pipeline order
 
 
-def _holders(plan: Plan) -> dict[str, list[tuple[int, ...]]]:
+def unit_holders(plan: Plan) -> dict[str, list[tuple[int, ...]]]:
     """Per unit, per pipeline the GPUs (in TP-rank order) of the stage holding it. Under W-shape
     folding the head sits on stage 0 and each stage holds a down-leg and an up-leg layer range."""
     from .schedules import fold_layers
@@ -63,7 +63,7 @@ def slice_pieces(plan: Plan) -> list[SlicePiece]:
     >>> # two pipelines, TP 2 and TP 1: each layer is cut in halves, each half all-reduced by 2 GPUs
     """
     pieces: list[SlicePiece] = []
-    for unit, holders in _holders(plan).items():
+    for unit, holders in unit_holders(plan).items():
         pieces += cut_unit(unit, holders)
     return pieces
 

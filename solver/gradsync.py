@@ -8,7 +8,7 @@ from hexhelix.ir.cluster import Cluster
 from hexhelix.ir.opgraph import OpClass
 from hexhelix.ir.plan import Plan
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
-from hexhelix.ir.slices import slice_pieces
+from hexhelix.ir.slices import cut_unit, unit_holders
 
 from . import cost
 
@@ -36,15 +36,23 @@ def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, 
     node_of = links.node_of
     per_gpu: dict[int, float] = defaultdict(float)
     seen: dict[tuple, float] = {}  # (holders' nodes, payload) -> seconds: most layers repeat a few patterns
-    for piece in slice_pieces(plan):
-        payload = float(piece.hi - piece.lo) * unit_params(plan, piece.unit) * tr.dtype_bytes
-        nodes = tuple(node_of[g] for g in piece.gpus)
-        t = seen.get((nodes, payload))
-        if t is None:
-            t = seen[(nodes, payload)] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
-                                                              links.slowest(nodes), profile)
-        for g in set(piece.gpus):
-            per_gpu[g] += t
+    shares_of: dict[tuple, list[tuple[tuple[int, ...], float]]] = {}  # (holders, unit size) -> its pieces
+    for unit, holders in unit_holders(plan).items():
+        size = unit_params(plan, unit)
+        shares = shares_of.get((tuple(holders), size))
+        if shares is None:  # consecutive layers of the same stages cut into the same pieces: cut once
+            shares = shares_of[(tuple(holders), size)] = []
+            for piece in cut_unit(unit, holders):
+                payload = float(piece.hi - piece.lo) * size * tr.dtype_bytes
+                nodes = tuple(node_of[g] for g in piece.gpus)
+                t = seen.get((nodes, payload))
+                if t is None:
+                    t = seen[(nodes, payload)] = cost.collective_time(OpClass.ALL_REDUCE, len(piece.gpus), payload,
+                                                                      links.slowest(nodes), profile)
+                shares.append((tuple(set(piece.gpus)), t))
+        for gpus, t in shares:  # per GPU in piece order, as the pieces come (the same sums, bit for bit)
+            for g in gpus:
+                per_gpu[g] += t
     return dict(per_gpu)
 
 

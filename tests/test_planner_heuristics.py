@@ -14,7 +14,7 @@ from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem
 from hexhelix.solver import phase2
 from hexhelix.solver.evaluate import evaluate
-from hexhelix.solver.hexiscale import _finish, plan_hexiscale, polish, relieve_sync
+from hexhelix.solver.hexiscale import _finish, _moves, plan_hexiscale, polish, relieve_sync
 from hexhelix.solver.hexiscale_released import (
     DP_FACTOR,
     PIPE_FACTOR,
@@ -463,6 +463,40 @@ def test_relieve_sync_moves_layers_off_slowly_synced_stages_where_single_moves_c
         assert after.micro_batches == before.micro_batches
     # the planner applies it: its plan is at least as good as the relieved stripes
     assert plan_hexiscale(pr).iteration_time_s <= rev.iteration_time_s + 1e-12
+
+
+def test_polish_moves_a_micro_batch_only_out_of_the_one_slowest_pipeline(examples_dir):
+    """Moving a micro-batch changes no stage, so sync and optimizer stay; out of any pipeline but a
+    unique slowest one it leaves the slowest time as it was. Polish scores no such move (at 512 GPUs
+    they were ~4,000 evaluations), and every move it skips is indeed no faster."""
+    pr = _problem(examples_dir, "mixed-a100-a40-t4")
+    ps = PipelineSolver(pr, StageCostTable(pr), tau=3)
+    devs = [d.id for d in pr.cluster.devices()]
+    base = _finish(pr, ps, [devs[0:4], devs[4:8], devs[8:12]])
+    for mbs in ((9, 5, 2), (5, 9, 2), (7, 7, 2), (6, 6, 4)):
+        plan = Plan(problem=pr, pipelines=tuple(PipelinePlan(stages=p.stages, micro_batches=m)
+                                                for p, m in zip(base.pipelines, mbs)))
+        ev = evaluate(plan)
+        times = ev.pipeline_times_s
+        same_stages = [mv for mv in _moves(plan, times)
+                       if all(a.stages == b.stages for a, b in zip(mv, plan.pipelines))]
+        every = []
+        for p, q in itertools.permutations(range(3), 2):
+            mv = list(plan.pipelines)
+            mv[p] = PipelinePlan(stages=mv[p].stages, micro_batches=mbs[p] - 1)
+            mv[q] = PipelinePlan(stages=mv[q].stages, micro_batches=mbs[q] + 1)
+            every.append((p, mv))
+        unique = [p for p, t in enumerate(times) if t == max(times)]
+        assert same_stages == [mv for p, mv in every if unique == [p]]
+        for _, mv in every:
+            if mv not in same_stages:
+                assert evaluate(Plan(problem=pr, pipelines=tuple(mv))).iteration_time_s >= ev.iteration_time_s
+        assert len(same_stages) == (2 if len(unique) == 1 else 0)
+    # from the lopsided split polish still finds its way to the balanced one
+    lop = Plan(problem=pr, pipelines=tuple(PipelinePlan(stages=p.stages, micro_batches=m)
+                                           for p, m in zip(base.pipelines, (9, 5, 2))))
+    _, pev = polish(lop)
+    assert pev.iteration_time_s <= evaluate(base).iteration_time_s + 1e-12
 
 
 def test_layouts_are_shared_between_interchangeable_nodes_only(examples_dir):
