@@ -38,7 +38,8 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    Llama-2 7B with full recompute, 8 vertical stripes go from 5.869 to 5.515 s and win — 5.492 s
    with the best block order reversed). The best evaluated plan is then
    polished by hill climbing on the evaluator (one layer across a boundary, one micro-batch
-   between pipelines), which also sees the gradient sync. The best uniform Megatron shape is a
+   out of the one slowest pipeline: from any other it cannot help), which also sees the gradient
+   sync. The best uniform Megatron shape is a
    candidate as well (a portfolio: never slower than the homogeneous baseline), and so are plans of
    P identical pipelines (:mod:`~hexhelix.solver.symmetric`) for every P the sweep visited whose
    shapes are few enough to list: phase 2 picks a block's TP split by pipeline time alone, while
