@@ -16,6 +16,7 @@ solution is decoded).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
@@ -48,11 +49,12 @@ class StageOption:
     tp: int
 
 
-def stage_options(problem: PlanProblem) -> list[StageOption]:
-    """Every (node, TP degree) whose degree fits the node and divides heads, KV heads and FFN."""
+def stage_options(problem: PlanProblem, node_sizes: Sequence[int] | None = None) -> list[StageOption]:
+    """Every (node, TP degree) whose degree fits the node (``node_sizes``: the physical node behind
+    each node of a merged view, :mod:`.node_merge`) and divides heads, KV heads and FFN."""
     out: list[StageOption] = []
     for n, node in enumerate(problem.cluster.nodes):
-        for t in range(1, node.count + 1):
+        for t in range(1, (node.count if node_sizes is None else node_sizes[n]) + 1):
             try:
                 problem.model.check_tp(t)
             except InvalidInputError:
@@ -122,6 +124,7 @@ class CostTables:
     opt_last: dict[int, float]
     lmax: dict[tuple[int, bool, bool, int], int] = field(default_factory=dict)  # (opt, first, last, inflight)
     max_inflight: int = 1
+    node_sizes: tuple[int, ...] | None = None  # a merged view's physical node behind each node (node_merge)
     _drops: dict[tuple[int, bool, bool, int], list[tuple[int, int]]] = field(default_factory=dict, repr=False)
 
     @property
@@ -197,6 +200,13 @@ class CostTables:
             return 0.0
         return self._sync_min(self.options[c].node, pipelines, unit_params / self.options[c].tp)
 
+    @property
+    def physical_sizes(self) -> tuple[int, ...]:
+        """GPUs of one physical node behind each node: the node itself, or in a merged view
+        (:mod:`.node_merge`) one of the nodes it stands for. A TP group and the P replicas of a
+        layer synced on a node's own link fit within one physical node."""
+        return self.node_sizes or tuple(node.count for node in self.problem.cluster.nodes)
+
     def _sync_min(self, node: int, pipelines: int, params: float) -> float:
         payload = params * self.problem.training.dtype_bytes
         best = self._admissible_links[node]
@@ -242,12 +252,14 @@ class CostTables:
         return self.micro_batches * self.layers / rate if rate > 0 else math.inf
 
 
-def build_tables(problem: PlanProblem, profile: Profile = DEFAULT_PROFILE) -> CostTables:
-    """Tabulate every per-option cost the exact models need (a few evaluator calls per option)."""
+def build_tables(problem: PlanProblem, profile: Profile = DEFAULT_PROFILE, *,
+                 node_sizes: Sequence[int] | None = None) -> CostTables:
+    """Tabulate every per-option cost the exact models need (a few evaluator calls per option);
+    ``node_sizes`` for a merged view (:mod:`.node_merge`)."""
     if problem.schedule not in ("1f1b", "gpipe"):
         raise UnsupportedError(f"the exact plan models support the 1f1b and gpipe schedules, not "
                                f"{problem.schedule!r}; plan with 1f1b and compile with wshape")
-    opts = tuple(stage_options(problem))
+    opts = tuple(stage_options(problem, node_sizes))
     if not opts:
         raise InvalidInputError(f"no node can host a TP group of model {problem.model.name} (heads "
                                 f"{problem.model.heads})", field="cluster")
@@ -274,7 +286,8 @@ def build_tables(problem: PlanProblem, profile: Profile = DEFAULT_PROFILE) -> Co
                                                     next_node=b, profile=profile).comm
     m = problem.training.num_micro_batches
     return CostTables(problem=problem, profile=profile, options=opts, time_layer=tl, time_first=tf,
-                      time_last=tla, comm=comm, opt_layer=ol, opt_first=of, opt_last=ola, max_inflight=m)
+                      time_last=tla, comm=comm, opt_layer=ol, opt_first=of, opt_last=ola, max_inflight=m,
+                      node_sizes=None if node_sizes is None else tuple(node_sizes))
 
 
 def memory_shortfall(tables: CostTables) -> str | None:

@@ -35,6 +35,7 @@ from .depth_bound import depth_lower_bounds, memory_depends_on_depth
 from .evaluate import Evaluation, evaluate
 from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
 from .hexiscale import polish, regroup_more, symmetric_more
+from .node_merge import fluid_view
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
@@ -160,7 +161,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     second core and ``fork`` are available — it runs instead in a forked child for the whole time limit
     while the exact models run here, and its bounds and rounded plans join theirs at the end; with
     ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and this
-    process, after giving the exact models ``exact_share`` = 2 % of the time, the odd ones),
+    process, after giving the exact models ``exact_share`` = 2 % of the time, the odd ones; with
+    ``merge_nodes`` — default True — on a cluster of more than eight nodes the search runs on the view
+    that merges interchangeable nodes, :mod:`.node_merge`, and gives bounds only, ``params['fluid_nodes']``),
     ``shape_bound`` (default True unless split: the order-free shape enumeration bound of
     :mod:`.shape_bound`, given at most 25 % of the models' time), ``max_model_rows`` (P-models estimated
     larger are skipped: their bound stays the total-work bound and the result cannot be optimal),
@@ -230,6 +233,11 @@ class _ExactRun:
     def run(self) -> SolveResult:
         problem, opts = self.problem, self.opts
         self.tables = tables = build_tables(problem, self.profile)
+        # the fluid search runs on a merged view of a cluster of many interchangeable nodes (node_merge)
+        self.view = fluid_view(problem) if opts.get("merge_nodes", True) else None
+        self.fluid_tables = tables if self.view is None else build_tables(self.view.problem, self.profile,
+                                                                          node_sizes=self.view.node_sizes)
+        self.params["fluid_nodes"] = len(self.fluid_tables.problem.cluster.nodes)
         short = memory_shortfall(tables)
         self.pmax = pmax = max_pipelines(tables)
         if short or pmax < 1:
@@ -269,8 +277,9 @@ class _ExactRun:
         self.model_passes(models_deadline)
         if split:  # this process's share of the fluid search, then what time it leaves back to the models
             if self.best is not None and not all(self.proven.get(P, False) for P in mine):
-                self.take_fluid(run_fluid(tables, pmax, self.best[1].iteration_time_s, self.best[0],
-                                          self.solve_deadline, only=mine))
+                self.take_fluid(run_fluid(self.fluid_tables, pmax, self.best[1].iteration_time_s,
+                                          self._fluid_seed(self.best[0]), self.solve_deadline, only=mine,
+                                          keep_plan=self.view is None))
                 self.settle_fluid()
             self.model_passes(self.solve_deadline)
         _warn_too_big(self.too_big, self.max_rows)
@@ -297,7 +306,7 @@ class _ExactRun:
         """Column generation per P: in a child on a second core for the whole time limit, or here for
         ``fluid_share`` of it. Returns whether the pipeline counts are split between the two processes
         and the ones left to this process."""
-        opts, tables, pmax = self.opts, self.tables, self.pmax
+        opts, tables, pmax = self.opts, self.fluid_tables, self.pmax
         inc = self.incumbent_s
         # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
         settled = frozenset(P for P, b in self.depth.items() if inc is not None and b >= inc * (1 - self.gap_tol))
@@ -307,18 +316,23 @@ class _ExactRun:
         # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
         mine, theirs = frozenset(range(1, pmax + 1, 2)) - settled, frozenset(range(2, pmax + 1, 2)) - settled
         if opts.get("fluid_bound", True) and self.best is not None:
-            plan, t = self.best[0], self.best[1].iteration_time_s
+            plan, t, keep = self._fluid_seed(self.best[0]), self.best[1].iteration_time_s, self.view is None
             if parallel:  # on a second core, for the whole time limit, while the exact models run here
                 self.solve_deadline = self.deadline - FLUID_COLLECT_S
                 self.job = start_fluid(tables, pmax, t, plan, self.solve_deadline,
-                                       only=theirs if split else (mine | theirs) if settled else None)
+                                       only=theirs if split else (mine | theirs) if settled else None, keep_plan=keep)
             else:
                 share = float(opts.get("fluid_share", FLUID_ALONE_SHARE if self.alone else FLUID_SHARE))
                 until = self._share_of_rest(share)
                 if self.alone:  # its last steps overshoot the deadline (512 GPUs at 15 s: by 0.7-1.3 s)
                     until = min(until, self.deadline - max(FLUID_COLLECT_S, FLUID_ALONE_MARGIN * self.limit))
-                self.take_fluid(run_fluid(tables, pmax, t, plan, until, only=(mine | theirs) if settled else None))
+                self.take_fluid(run_fluid(tables, pmax, t, plan, until, only=(mine | theirs) if settled else None,
+                                          keep_plan=keep))
         return split and self.job is not None, mine  # no fluid search (option, or no incumbent): nothing to split
+
+    def _fluid_seed(self, plan: Plan) -> Plan:
+        """``plan`` as the fluid search sees it: on the merged view's cluster when there is one."""
+        return plan if self.view is None else self.view.map_plan(plan)
 
     def take_fluid(self, out: FluidOutcome) -> None:
         """Record the fluid bounds and the best plan its rounded masters gave (the primal side)."""

@@ -421,7 +421,7 @@ def sync_lower_bound(tables: CostTables, pipelines: int) -> float:
     share = model.total_params / max(1, tables.problem.cluster.num_gpus // pipelines)
     heavy = min(tables.sync_layer_lb(o.index, pipelines, share * o.tp) for o in tables.options)
     cl = tables.problem.cluster
-    if len(cl.nodes) > 1 and pipelines > max(node.count for node in cl.nodes):
+    if len(cl.nodes) > 1 and pipelines > max(tables.physical_sizes):
         # the P holders of a piece (one GPU per pipeline) cannot share one node: their slowest link
         # is no faster than the fastest link between two nodes (gradsync's ordering)
         payload = share * tables.problem.training.dtype_bytes

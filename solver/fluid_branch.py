@@ -136,7 +136,7 @@ def _violation(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> tuple[in
     h = _open_holdings(tables, leaf)
     score = h * (P - h) * penalty[None, :]
     score[(h < 1e-6) | (h > P - 1e-6)] = 0.0
-    score[:, np.array([node.count < P for node in tables.problem.cluster.nodes])] = 0.0
+    score[:, np.array([size < P for size in tables.physical_sizes])] = 0.0
     i, n = np.unravel_index(int(np.argmax(score)), score.shape)
     return (int(i), int(n)) if score[i, n] > 1e-12 else None
 
@@ -167,8 +167,8 @@ def _node_to_branch(tables: CostTables, leaf: _Leaf, penalty: np.ndarray) -> int
     if len(loc.visit) >= MAX_VISIT:
         return None
     score = _open_holdings(tables, leaf).sum(axis=0) * penalty
-    for n, node in enumerate(tables.problem.cluster.nodes):
-        if node.count < P or n in loc.visit or any(m == n for _, m in loc.local) or loc.quiet(n, L):
+    for n, size in enumerate(tables.physical_sizes):
+        if size < P or n in loc.visit or any(m == n for _, m in loc.local) or loc.quiet(n, L):
             score[n] = 0.0
     n = int(np.argmax(score))
     return n if score[n] > 1e-12 else None

@@ -41,14 +41,15 @@ class FluidOutcome:
 
 
 def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
-              only: frozenset[int] | None = None) -> FluidOutcome:
+              only: frozenset[int] | None = None, keep_plan: bool = True) -> FluidOutcome:
     """The search in this process, until ``deadline`` (time.monotonic seconds); over the pipeline
     counts ``only`` when given (the others keep their global floors). ``plan`` (of time ``upper_s``)
-    seeds it and is its first incumbent."""
+    seeds it and is its first incumbent. ``keep_plan`` False: bounds only (a merged view's rounded
+    masters are plans of the merged cluster, :mod:`.node_merge`)."""
     incumbent = Incumbent(plan, upper_s)
     bounds, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
                                           deadline=deadline, only=only, incumbent=incumbent)
-    return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent.improved else None)
+    return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent.improved and keep_plan else None)
 
 
 def can_fork() -> bool:
@@ -61,9 +62,9 @@ def can_fork() -> bool:
 
 
 def _child(conn: Connection, tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
-           only: frozenset[int] | None) -> None:
+           only: frozenset[int] | None, keep_plan: bool) -> None:
     try:
-        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline, only))
+        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline, only, keep_plan))
     except Exception as err:  # anything the search raises goes back as a message
         conn.send(FluidOutcome(error=f"{type(err).__name__}: {err}"))
     finally:
@@ -109,12 +110,12 @@ class FluidJob:
 
 
 def start_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
-                only: frozenset[int] | None = None) -> FluidJob:
+                only: frozenset[int] | None = None, keep_plan: bool = True) -> FluidJob:
     """Fork a child that runs the search (over ``only``, when given) until ``deadline`` and sends
-    back its outcome."""
+    back its outcome (:func:`run_fluid`)."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline, only), daemon=True,
+    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline, only, keep_plan), daemon=True,
                        name="hexhelix-fluid-bound")
     proc.start()
     child.close()

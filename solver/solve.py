@@ -44,7 +44,8 @@ HEURISTIC_METHODS = ("hexiscale", "hexiscale-released", "megatron")
 METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
-                  "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share", "symmetric_more_s"}
+                  "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share", "symmetric_more_s",
+                  "merge_nodes"}
 _HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals", "improve_s"}}
 
 
@@ -68,7 +69,7 @@ def solve(problem: PlanProblem, method: str, *, seed: int = 0, profile: Profile 
 
     ``options`` are passed to exact methods (``backend``, ``warm_start``, ``initial_plan``,
     ``max_pipelines``, ``gap_tol``, ``workers``, ``log``, ``fluid_bound``, ``fluid_share``,
-    ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``symmetric_more_s``, ``max_model_rows``,
+    ``fluid_parallel``, ``fluid_split``, ``exact_share``, ``shape_bound``, ``symmetric_more_s``, ``merge_nodes``, ``max_model_rows``,
     ``export_model``); heuristics get seed, profile and time limit, and hexiscale
     ``regroup_evals`` (its phase-1 local search's budget) and ``improve_s`` (when that search and the
     final polish stop). A heuristic module that is not

@@ -155,6 +155,7 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
     out = {pos: np.full(shape, math.inf) for pos in ("mid", "first", "last", "single", "mid_full", "first_full")}
     links = {n: class_links(tables, n) for n in range(nodes)}
     caps = tuple(node.count for node in tables.problem.cluster.nodes)
+    sizes = tables.physical_sizes  # a merged view's caps count the group; a stage sits on one physical node
 
     def rows(o: StageOption, ocls: np.ndarray, oban: np.ndarray, positions: dict[str, tuple[bool, bool]]) -> None:
         n = o.node
@@ -191,7 +192,7 @@ def stage_extras(tables: CostTables, replicas: int, locality: Locality = NO_LOCA
         n = o.node
         full_cls = np.where(cls[n] == OPEN, SPREAD, cls[n])        # no room for the other replicas on n
         full_ban = banned[n] | (cls[n] == LOCAL)
-        if replicas >= 2 and o.tp + replicas - 1 > caps[n]:  # the stage alone fills n: every run does
+        if replicas >= 2 and o.tp + replicas - 1 > sizes[n]:  # the stage alone fills its physical node: every run does
             rows(o, full_cls, full_ban, every)
             out["mid_full"][o.index], out["first_full"][o.index] = out["mid"][o.index], out["first"][o.index]
         else:
