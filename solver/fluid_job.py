@@ -44,12 +44,13 @@ def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadlin
               only: frozenset[int] | None = None, keep_plan: bool = True) -> FluidOutcome:
     """The search in this process, until ``deadline`` (time.monotonic seconds); over the pipeline
     counts ``only`` when given (the others keep their global floors). ``plan`` (of time ``upper_s``)
-    seeds it and is its first incumbent. ``keep_plan`` False: bounds only (a merged view's rounded
-    masters are plans of the merged cluster, :mod:`.node_merge`)."""
-    incumbent = Incumbent(plan, upper_s)
+    seeds it and is its first incumbent. ``keep_plan`` False: bounds only, no master rounded — a
+    merged view's plans are plans of the merged cluster (:mod:`.node_merge`), which may beat every
+    plan of the cluster itself and must not prune its search."""
+    incumbent = Incumbent(plan, upper_s) if keep_plan else None
     bounds, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=upper_s, seed_plans=(plan,),
                                           deadline=deadline, only=only, incumbent=incumbent)
-    return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent.improved and keep_plan else None)
+    return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent is not None and incumbent.improved else None)
 
 
 def can_fork() -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 from fluid_cases import best_per_pipeline_count
@@ -17,6 +18,7 @@ from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.exact_plan import max_pipelines
 from hexhelix.solver.fluid_branch import fluid_bounds_by_pipelines
+from hexhelix.solver.fluid_job import run_fluid
 from hexhelix.solver.node_merge import MERGE_ABOVE_NODES, fluid_view, merged_view
 from hexhelix.solver.solve import solve
 from test_planner_exact import make_problem
@@ -93,6 +95,11 @@ def test_the_fluid_bound_of_the_merged_view_stays_below_each_pipeline_counts_bes
     for P, t in best.items():
         assert bounds[P] <= t * (1 + 1e-9), (P, bounds[P], t)
     assert max(bounds[P] / t for P, t in best.items()) > 0.5   # and not trivially low
+    # as the planner runs it: bounds only, pruned by the cluster's own plan, no plan of the view back
+    plan = solve(pb, "hexiscale").plan
+    out = run_fluid(tables, max_pipelines(build_tables(pb)), evaluate(plan).iteration_time_s, view.map_plan(plan),
+                    time.monotonic() + 10, keep_plan=False)
+    assert out.plan is None and all(out.bounds[P] <= t * (1 + 1e-9) for P, t in best.items())
 
 
 def test_the_planner_bounds_a_cluster_of_many_nodes_on_its_merged_view():
