@@ -39,9 +39,10 @@ def gpu_sync_times(plan: Plan, profile: Profile = DEFAULT_PROFILE) -> dict[int, 
     shares_of: dict[tuple, list[tuple[tuple[int, ...], float]]] = {}  # (holders, unit size) -> its pieces
     for unit, holders in unit_holders(plan).items():
         size = unit_params(plan, unit)
-        shares = shares_of.get((tuple(holders), size))
+        key = (tuple(holders), size)
+        shares = shares_of.get(key)
         if shares is None:  # consecutive layers of the same stages cut into the same pieces: cut once
-            shares = shares_of[(tuple(holders), size)] = []
+            shares = shares_of[key] = []
             for piece in cut_unit(unit, holders):
                 payload = float(piece.hi - piece.lo) * size * tr.dtype_bytes
                 nodes = tuple(node_of[g] for g in piece.gpus)

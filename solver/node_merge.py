@@ -88,14 +88,9 @@ def merged_view(problem: PlanProblem) -> MergedView | None:
     data.update(name=f"{cl.name} (merged)", nodes=nodes)
     merged = Cluster.from_dict(data)
     gpu_of = [0] * cl.num_gpus
-    start = [0]
-    for node in merged.nodes:
-        start.append(start[-1] + node.count)
-    used = [0] * len(groups)
-    for d in cl.devices():
-        m = node_of[d.node]
-        gpu_of[d.id] = start[m] + used[m]
-        used[m] += 1
+    for m, grp in enumerate(groups):  # the group's GPUs, node by node, onto its merged node's in order
+        for g, to in zip((g for n in grp for g in cl.node_gpus(n)), merged.node_gpus(m)):
+            gpu_of[g] = to
     return MergedView(problem=PlanProblem(cluster=merged, model=problem.model, training=problem.training,
                                           schedule=problem.schedule),
                       node_sizes=tuple(sizes), node_of=tuple(node_of), gpu_of=tuple(gpu_of))
