@@ -12,6 +12,7 @@ replace the "Heuristic planners" section of benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import sys
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     trs = [TrainingConfig(global_batch=args.global_batch, seq_len=args.seq_len, recompute=r) for r in modes]
     tr = trs[0]
     cmd = "python benchmarks/heuristics.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     models = [m for m in args.models.split(",") if m]
     ex = []
     for t in trs:
@@ -162,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     qx = exact_table(args.exact, args.exact_time_limit, args.seed) if args.exact else []
     total = time.perf_counter() - t0
     body = [BEGIN, "## Heuristic planners (hexiscale, hexiscale-released, megatron)", "",
-            f"Produced by `{cmd.strip()}` ({total:.0f} s in all) on the shared 2-core development machine, "
-            f"while other work was running: solve times are indicative only. Training: global batch "
+            f"Produced by `{cmd.strip()}` ({total:.0f} s in all) on the shared 2-core development machine "
+            f"(1-minute load average {load0:.1f} when it started, {os.getloadavg()[0]:.1f} when it ended; above "
+            "about 1 other work shared the cores): solve times are indicative. Training: global batch "
             f"{tr.global_batch}, micro-batch {tr.micro_batch}, sequence {tr.seq_len}, recompute as labelled, "
             "1F1B. Iteration times are seconds under the one evaluator; \"(t, OOM)\" is a plan the "
             "released planner chose that exceeds memory under the hexhelix cost model (its own model "

@@ -8,12 +8,14 @@ Writes three tables into the "Planner" section of benchmarks/README.md:
 
 Each mode writes its own section, so one run never erases another's tables: ``--goal`` (the issue's
 goal set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, 120 s) the ``planner``
-section (with ``--recompute none`` or ``selective``, sections of their own); ``--full`` (every cluster, 7B/13B/30B, all six solvers, scaling 8..512 GPUs; on 2 cores a
+section (with ``--recompute none`` or ``selective``, or with ``--models`` other than Llama-2 7B, sections of
+their own: the scaling table, 7B only, is then left out); ``--full`` (every cluster, 7B/13B/30B, all six solvers, scaling 8..512 GPUs; on 2 cores a
 120 s limit would take hours, so pass ``--time-limit``) the ``planner-full`` section. The default
 run is a reduced smoke run (a subset, 20 s limits) that only prints.
 
     python benchmarks/planner.py --goal                   # 9 clusters x 120 s: ~25 min
     python benchmarks/planner.py --goal --recompute none  # the same without recompute (the CLI default)
+    python benchmarks/planner.py --goal --models llama2-13b,llama-30b  # the goal's setting, larger models: ~40 min
     python benchmarks/planner.py --full --time-limit 15   # ~58 min on 2 cores
     python benchmarks/planner.py                          # reduced, printed only
 """
@@ -40,7 +42,8 @@ README = ROOT / "benchmarks" / "README.md"
 SECTIONS = {"goal": ("planner", "Planner: exact vs heuristics (issue 3)"),
             "full": ("planner-full", "Planner: every cluster, model and solver (issue 3)"),
             "goal-none": ("planner-none", "Planner: the goal's set without activation recompute (the CLI default)"),
-            "goal-selective": ("planner-selective", "Planner: the goal's set with selective recompute")}
+            "goal-selective": ("planner-selective", "Planner: the goal's set with selective recompute"),
+            "goal-models": ("planner-models", "Planner: the goal's setting with the larger models")}
 RECOMPUTE = "full"  # the paper's setting; ``--recompute`` (goal runs only) sets it for the whole run
 HET_HOMO = [("hexiscale-het1", "homo-for-het1"), ("hexiscale-het2", "homo-for-het2"), ("hexiscale-het3", "homo-for-het3")]
 
@@ -172,7 +175,8 @@ def reading(limit: float, baselines: bool = True, goal: bool = True) -> str:
                "met in this run, at a shorter time limit than the goal's" if met else "NOT met")
     return ("Reading. Gaps are to the best *proven* lower bound: per pipeline count P the max of the P-model's "
             "bound and the fluid column-generation bound of solver/fluid_bound.py with per-stage sync and optimizer "
-            "floors and branch and price on layer locality (docs/formulation.md §14-15), "
+            "floors and branch and price on layer locality (docs/formulation.md §14-15), for one pipeline the "
+            "bound of solver/single_pipeline.py that counts every node's GPUs (§18), "
             "and the order-free shape bound where it is small enough to compute. CP-SAT's proven gap in this run: "
             f"{span}. " + (f"The issue's goal (proven gap <= 2 % within 120 s on 2 cores for every example cluster "
                            f"up to 64 GPUs) is {verdict}. " if goal else
@@ -245,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise KeyError(f"unknown model {unknown[0]!r}")
         sizes = [int(g) for g in args.sizes.split(",")] if args.sizes else sizes
+        larger = args.goal and models != ["llama2-7b"]  # the goal's setting for other models: a section of its own
+        if larger and args.recompute != "full":
+            raise ValueError("--models with --goal keeps the goal's full recompute")
+        if larger and not args.sizes:
+            sizes = []  # the scaling table is Llama-2 7B's
     except (KeyError, ValueError, InvalidInputError) as err:
         ap.error(f"{err} (clusters: names in examples/clusters; models: {', '.join(sorted(PRESETS))}; "
                  "sizes: integers)")
@@ -255,14 +264,16 @@ def main(argv: list[str] | None = None) -> int:
                                            ("sizes", args.sizes)) if v)
     t0, began = time.monotonic(), time.strftime("%H:%M", time.gmtime())
     t1 = table_clusters(clusters, models, solvers, limit, gb)
-    t2 = table_scaling(sizes, scal_solvers, limit)
+    t2 = table_scaling(sizes, scal_solvers, limit) if sizes else ""
     t3 = table_het_homo(pairs, hh_models, ["hexiscale", "megatron", "cpsat"], limit, gb) if pairs else ""  # ties credit the heuristic
     total = time.monotonic() - t0
     when = f"run {began}–{time.strftime('%H:%M', time.gmtime())} UTC on {time.strftime('%Y-%m-%d', time.gmtime())}"
+    names = ", ".join(PRESETS[m].name for m in models)
     mode = f"full, {when}" if args.full else (
-        f"the goal's set: every example GPU cluster, Llama-2 7B, CP-SAT against hexiscale, {when}" if args.goal else
+        f"the goal's set: every example GPU cluster, {names}, CP-SAT against hexiscale, {when}" if args.goal else
         f"REDUCED: a subset of clusters and models with short time limits, {when}")
-    tag, heading = SECTIONS["full" if args.full else "goal" if args.recompute == "full" else f"goal-{args.recompute}"]
+    tag, heading = SECTIONS["full" if args.full else "goal-models" if larger else
+                            "goal" if args.recompute == "full" else f"goal-{args.recompute}"]
     begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
     body = "\n".join([
         begin,
@@ -276,10 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         t1,
         "",
-        "### Scaling (generated clusters of alternating 8-GPU A100 and A40 nodes, Llama-2 7B)",
-        "",
-        t2,
-        "",
+        *(["### Scaling (generated clusters of alternating 8-GPU A100 and A40 nodes, Llama-2 7B)", "", t2, ""]
+          if t2 else []),
         *(["### Heterogeneous vs homogeneous cluster of about equal peak FLOPS (best plan of the solvers run)",
            "", t3, ""] if t3 else []),
         reading(limit, baselines="megatron" in solvers, goal=not args.full),

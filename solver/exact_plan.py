@@ -39,6 +39,7 @@ from .node_merge import fluid_view
 from .plan_formulation import BackendOutcome, LinearModel, build_plan_model
 from .result import SolveResult, SolveStatus
 from .shape_bound import shape_lower_bound
+from .single_pipeline import single_pipeline_bound
 
 __all__ = ["DEFAULT_TIME_LIMIT", "max_pipelines", "min_gpus_per_pipeline", "solve_exact"]
 
@@ -71,6 +72,7 @@ WARM_START_ALONE_SHARE, FLUID_ALONE_SHARE, FLUID_ALONE_MARGIN = 0.5, 0.97, 0.15
 REGROUP_MORE_S, REGROUP_MORE_SHARE = 20.0, 0.2  # hexiscale's grouping search, continued beside the fluid child
 SYMMETRIC_MORE_S, SYMMETRIC_MORE_SHARE = 10.0, 0.1  # identical-pipeline plans listed in full beside the fluid child
 DEPTH_SHARE = 0.25  # of the time limit, for the depth bound where memory depends on depth (docs §16)
+SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the one-pipeline bound (docs §18)
 # a backend call costs seconds beyond its search whatever its limit (building the model, handing it over,
 # presolve), and the node-pair terms P*K*nodes^2 of a P-model set it: 3.0 / 5.4 s to build and call at limits
 # <= 1 s for gen-64's P = 4 / 8 (8,192 / 16,384 terms), 2.9 / 4.9 s for gen-128's P = 1 / 2 (8,192 / 16,384),
@@ -164,6 +166,9 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     process, after giving the exact models ``exact_share`` = 2 % of the time, the odd ones; with
     ``merge_nodes`` — default True — on a cluster of more than eight nodes the search runs on the view
     that merges interchangeable nodes, :mod:`.node_merge`, and gives bounds only, ``params['fluid_nodes']``),
+    ``single_pipeline`` (default True: P = 1 bounded with every node's GPUs counted, :mod:`.single_pipeline`,
+    in 5 % of the time left after the warm start; its laid-out stage multisets join the plans,
+    ``params['single_pipeline_bound_s']`` and ``['single_pipeline_plan_s']``),
     ``shape_bound`` (default True unless split: the order-free shape enumeration bound of
     :mod:`.shape_bound`, given at most 25 % of the models' time), ``max_model_rows`` (P-models estimated
     larger are skipped: their bound stays the total-work bound and the result cannot be optimal),
@@ -205,6 +210,7 @@ class _ExactRun:
         self.best: tuple[Plan, Evaluation] | None = None
         self.fluid: dict[int, float] = {}   # per P, the fluid bound (two searches: the larger)
         self.depth: dict[int, float] = {}   # per P, the bound with memory at depth (docs §16)
+        self.single: dict[int, float] = {}  # P = 1: the one-pipeline bound counting every node's GPUs (docs §18)
         self.bounds: dict[int, float] = {}  # per P explored, the best bound
         self.proven: dict[int, bool] = {}
         self.job: FluidJob | None = None
@@ -258,6 +264,8 @@ class _ExactRun:
             self._offer(plan, evaluate(plan, self.profile))
         self.scale = TICKS_AT_RATE_BOUND / tables.gpu_rate_bound()
         self.rate = tables.gpu_rate_bound()
+        if opts.get("single_pipeline", True):
+            self._single_pipeline()
         if opts.get("depth_bound", True) and self.best is not None and memory_depends_on_depth(tables):
             self.depth = depth_lower_bounds(tables, pmax, self.best[1].iteration_time_s,
                                             deadline=self._share_of_rest(float(opts.get("depth_share", DEPTH_SHARE))))
@@ -290,6 +298,26 @@ class _ExactRun:
             self.settle_fluid()
         return self._finish()
 
+    def _single_pipeline(self) -> None:
+        """P = 1 bounded with every node's GPUs counted (:mod:`.single_pipeline`); the stage multisets
+        of its best caps, laid out as one pipeline each, are offered as plans."""
+        res = single_pipeline_bound(self.tables, upper_s=self.incumbent_s, rel_tol=self.gap_tol,
+                                    deadline=self._share_of_rest(SINGLE_PIPELINE_SHARE))
+        if res is None:
+            return
+        plans = res.plans(self.tables)
+        laid = [evaluate(plan, self.profile) for plan in plans]
+        for plan, ev in zip(plans, laid):
+            self._offer(plan, ev)
+        fits = [ev.iteration_time_s for ev in laid if ev.feasible]
+        self.params["single_pipeline_plan_s"] = min(fits) if fits else None
+        self.single[1] = res.bound_s
+        self.params["single_pipeline_bound_s"] = res.bound_s
+
+    def _early(self, P: int) -> float:
+        """P's bounds found before the fluid search: memory at depth, one pipeline (0 where none)."""
+        return max(self.depth.get(P, 0.0), self.single.get(P, 0.0))
+
     def _share_of_rest(self, share: float) -> float:
         """A deadline ``share`` of the time left from now."""
         return time.monotonic() + share * max(0.0, self.deadline - time.monotonic())
@@ -308,8 +336,9 @@ class _ExactRun:
         and the ones left to this process."""
         opts, tables, pmax = self.opts, self.fluid_tables, self.pmax
         inc = self.incumbent_s
-        # pipeline counts the depth bound proved unable to beat the incumbent: no fluid search for them
-        settled = frozenset(P for P, b in self.depth.items() if inc is not None and b >= inc * (1 - self.gap_tol))
+        # pipeline counts the depth or one-pipeline bound proved unable to beat the incumbent: no fluid search for them
+        settled = frozenset(P for P in set(self.depth) | set(self.single)
+                            if inc is not None and self._early(P) >= inc * (1 - self.gap_tol))
         parallel = self.parallel
         split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
         self.params["fluid_parallel"] = parallel
@@ -345,8 +374,8 @@ class _ExactRun:
     def settle_fluid(self) -> None:
         """Fluid bounds into the per-P bounds; a P whose bound reaches the incumbent cannot improve on it."""
         inc = self.incumbent_s
-        for P in set(self.fluid) | set(self.depth):
-            fb = max(self.fluid.get(P, 0.0), self.depth.get(P, 0.0))
+        for P in set(self.fluid) | set(self.depth) | set(self.single):
+            fb = max(self.fluid.get(P, 0.0), self._early(P))
             self.bounds[P] = max(self.bounds.get(P, self.rate), fb)
             if inc is not None and fb >= inc * (1 - self.gap_tol):
                 self.proven[P] = True
@@ -398,7 +427,7 @@ class _ExactRun:
         self.settle_fluid()
         if p_values:
             head = p_values[0]
-            p_values.sort(key=lambda P: (P != head, max(self.fluid.get(P, 0.0), self.depth.get(P, 0.0))))
+            p_values.sort(key=lambda P: (P != head, max(self.fluid.get(P, 0.0), self._early(P))))
         return p_values
 
     def _modelled_counts(self) -> list[int]:
@@ -407,8 +436,9 @@ class _ExactRun:
         return list(range(1, min(self.pmax, cap) + 1))
 
     def _floor(self, P: int) -> float:
-        """P's bound before its model says anything: the total-work (or shape) bound, fluid, depth."""
-        return max(self.rate, self.fluid.get(P, 0.0), self.depth.get(P, 0.0))
+        """P's bound before its model says anything: the total-work (or shape) bound, fluid, depth,
+        one pipeline."""
+        return max(self.rate, self.fluid.get(P, 0.0), self._early(P))
 
     def model_passes(self, until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
@@ -548,7 +578,7 @@ class _ExactRun:
                             "sync_cuts": sum(pm.cuts for pm in self.models.values()),
                             "pipelines_skipped": sorted(self.skipped),
                             "ticks_per_second": self.scale, "bound_by_pipelines": by_p})
-        log = "\n".join([_summary(by_p, self.fluid, self.depth, proven, self.incumbent_s), *self.logs])
+        log = "\n".join([_summary(by_p, self.fluid, self.depth, self.single, proven, self.incumbent_s), *self.logs])
         if self.best is None:
             if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
                 return self.result(SolveStatus.INFEASIBLE, None, None, None,
@@ -574,18 +604,18 @@ class _ExactRun:
         return self.result(status, plan, ev, bound, reason, log, objective=ev.iteration_time_s)
 
 
-def _summary(by_p: dict[int, float], fluid: dict[int, float], depth: dict[int, float], proven: dict[int, bool],
-             incumbent: float | None) -> str:
+def _summary(by_p: dict[int, float], fluid: dict[int, float], depth: dict[int, float], single: dict[int, float],
+             proven: dict[int, bool], incumbent: float | None) -> str:
     """The planner's own lines of ``--log``: per pipeline count its bound, where it came from, proven or not
     (the backends' logs follow; a run the fluid search settles may have none)."""
     rows = [f"planner: incumbent {incumbent:.6g} s" if incumbent is not None else "planner: no incumbent",
-            "pipelines  bound_s     fluid_s     depth_s     proven"]
+            "pipelines  bound_s     fluid_s     depth_s     one_pipe_s  proven"]
 
     def cell(x: float | None) -> str:
         return f"{x:<10.6g}" if x is not None else f"{'-':<10}"
 
     for P, b in by_p.items():
-        rows.append(f"{P:9d}  {cell(b)}  {cell(fluid.get(P))}  {cell(depth.get(P))}  "
+        rows.append(f"{P:9d}  {cell(b)}  {cell(fluid.get(P))}  {cell(depth.get(P))}  {cell(single.get(P))}  "
                     f"{'yes' if proven.get(P, False) else 'no'}")
     return "\n".join(rows)
 

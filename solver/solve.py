@@ -45,7 +45,7 @@ METHODS = tuple(_REGISTRY)
 _EXACT_OPTIONS = {"backend", "warm_start", "warm_start_methods", "initial_plan", "max_pipelines", "gap_tol",
                   "workers", "log", "max_model_rows", "shape_bound", "export_model",
                   "fluid_bound", "fluid_share", "fluid_parallel", "fluid_split", "exact_share", "symmetric_more_s",
-                  "merge_nodes"}
+                  "merge_nodes", "single_pipeline"}
 _HEURISTIC_OPTIONS = {"hexiscale": {"regroup_evals", "improve_s"}}
 
 

@@ -137,6 +137,25 @@ def test_compile_errors_are_one_line(tmp_path, capsys):
     assert "expected schema 'hexhelix.program/1'" in capsys.readouterr().err
 
 
+def test_compile_reads_a_yaml_plan_like_its_json(tmp_path, capsys):
+    import yaml
+
+    as_yaml = tmp_path / "plan.yaml"
+    as_yaml.write_text(yaml.safe_dump(json.loads(EXAMPLE_PLAN.read_text())))
+    outs = []
+    for plan in (EXAMPLE_PLAN, as_yaml):
+        out = tmp_path / f"{plan.suffix[1:]}.json"
+        assert main(["compile", str(plan), "-o", str(out)]) == 0
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    capsys.readouterr()
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("schema: [hexhelix.plan/1\n")
+    assert main(["compile", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.yaml" in err[0]
+
+
 def test_compile_is_byte_identical_across_hash_seeds(tmp_path):
     import os
     import subprocess

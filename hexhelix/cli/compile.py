@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hexhelix.ir.files import read_json
+from hexhelix.ir.files import read_structured_file
 from hexhelix.ir.plan import Plan
 
 from .common import progress
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "list per rank (docs/program.md), run the static validator and the multi-rank "
                                    "dry run, and write the program JSON. Exit 1 with the first problem when the "
                                    "program is invalid or would deadlock.")
-    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("plan", help="plan file (JSON or YAML, schema hexhelix.plan/1)")
     p.add_argument("--schedule", choices=["gpipe", "1f1b", "wshape"], default=None,
                    help="pipeline schedule (default: the plan's)")
     p.add_argument("-o", "--output", help="program JSON to write (default: stdout)")
@@ -83,4 +83,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_plan(path: str) -> Plan:
-    return Plan.from_dict(read_json(path), source=path)
+    return Plan.from_dict(read_structured_file(path), source=path)
