@@ -225,6 +225,8 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
      "python benchmarks/planner.py --goal --recompute none"),
     ("Planner with selective recompute", "planner-selective", planner,
      "python benchmarks/planner.py --goal --recompute selective"),
+    ("Planner, larger models (13B, 30B)", "planner-models", planner,
+     "python benchmarks/planner.py --goal --models llama2-13b,llama-30b"),
     ("Heuristic planners", "heuristics", heuristics, "python benchmarks/heuristics.py --write"),
     ("HexiScale reproduction", "reproduce-hexiscale", hexiscale_repro, "python benchmarks/reproduce.py --part hexiscale"),
     ("Segment pairing (DHelix)", "pairing", pairing, "python benchmarks/pairing.py --write-readme"),
