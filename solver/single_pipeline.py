@@ -74,6 +74,14 @@ class _Stages:
                     steps.append(opt[np.isfinite(u)])
         self.caps = sorted(set(np.concatenate(times).tolist())) if times else []  # of the bottleneck U
         self.opt_caps = sorted(set(np.concatenate(steps).tolist())) if steps else []  # of the optimizer step O
+        # nodes with the same GPUs and stage tables share one knapsack table per pair of caps
+        cl = tables.problem.cluster
+        self.kind = {n: (cl.nodes[n].gpu, cl.nodes[n].count,
+                         tuple((t, fl, u.tobytes(), o.tobytes()) for t, fl, u, o in self.by_node[n])) for n in nodes}
+        j = np.arange(L + 1)
+        idx = j[:, None] - j[None, :]
+        self.valid = idx >= 0  # the joins' min-plus convolutions over layer counts gather through these
+        self.idx = np.where(self.valid, idx, 0)
 
 
 def _minplus(row: np.ndarray, kernel: np.ndarray, idx: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -92,7 +100,7 @@ def _shift_min(row: np.ndarray, kernel: np.ndarray) -> np.ndarray:
 
 
 def _node_table(items: list[tuple[int, int, np.ndarray, np.ndarray]], gpus: int, caps: tuple[float, float],
-                L: int, idx: np.ndarray, valid: np.ndarray) -> np.ndarray:
+                L: int) -> np.ndarray:
     """D[g, flags, j]: the least Σu of a set of this node's stages, each within the caps (u ≤ U,
     o ≤ O), on g GPUs, holding j layers, whose flags (disjoint: one first, one last, one exit
     charged) make ``flags``."""
@@ -137,10 +145,7 @@ class _Knapsack:
     def __init__(self, stages: _Stages, tables: CostTables, caps: tuple[float, float]) -> None:
         self.stages, self.tables, self.caps = stages, tables, caps
         L = self.L = tables.layers
-        j = np.arange(L + 1)
-        idx = j[:, None] - j[None, :]
-        self.valid = idx >= 0
-        self.idx = np.where(self.valid, idx, 0)
+        idx, valid = stages.idx, stages.valid
         H = np.full((4, L + 1), math.inf)
         H[0, 0] = 0.0
         self.H = [H]  # H[i]: the joint table over the first i nodes with stages
@@ -150,10 +155,9 @@ class _Knapsack:
             items = stages.by_node[n]
             if not items:
                 continue
-            key = (node.gpu, node.count, tuple((t, fl, u.tobytes(), o.tobytes()) for t, fl, u, o in items))
-            D = memo.get(key)
+            D = memo.get(stages.kind[n])
             if D is None:
-                D = memo[key] = _node_table(items, node.count, caps, L, self.idx, self.valid)
+                D = memo[stages.kind[n]] = _node_table(items, node.count, caps, L)
             F = _node_best(D)
             G = np.full((4, L + 1), math.inf)
             for a in range(4):
@@ -162,7 +166,7 @@ class _Knapsack:
                 for b in range(4):
                     if a & b or not np.isfinite(F[b]).any():
                         continue
-                    np.minimum(G[a | b], _minplus(H[a], F[b], self.idx, self.valid), out=G[a | b])
+                    np.minimum(G[a | b], _minplus(H[a], F[b], idx, valid), out=G[a | b])
             H = G
             self.H.append(H)
             self.D.append((n, D))
