@@ -211,6 +211,7 @@ class _ExactRun:
         self.fluid: dict[int, float] = {}   # per P, the fluid bound (two searches: the larger)
         self.depth: dict[int, float] = {}   # per P, the bound with memory at depth (docs §16)
         self.single: dict[int, float] = {}  # P = 1: the one-pipeline bound counting every node's GPUs (docs §18)
+        self.unsearched: frozenset[int] = frozenset()  # pipeline counts settled before the fluid search
         self.bounds: dict[int, float] = {}  # per P explored, the best bound
         self.proven: dict[int, bool] = {}
         self.job: FluidJob | None = None
@@ -339,6 +340,7 @@ class _ExactRun:
         # pipeline counts the depth or one-pipeline bound proved unable to beat the incumbent: no fluid search for them
         settled = frozenset(P for P in set(self.depth) | set(self.single)
                             if inc is not None and self._early(P) >= inc * (1 - self.gap_tol))
+        self.unsearched = settled  # the fluid search leaves these at a floor: the log shows no fluid bound for them
         parallel = self.parallel
         split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
         self.params["fluid_parallel"] = parallel
@@ -578,7 +580,8 @@ class _ExactRun:
                             "sync_cuts": sum(pm.cuts for pm in self.models.values()),
                             "pipelines_skipped": sorted(self.skipped),
                             "ticks_per_second": self.scale, "bound_by_pipelines": by_p})
-        log = "\n".join([_summary(by_p, self.fluid, self.depth, self.single, proven, self.incumbent_s), *self.logs])
+        searched = {P: b for P, b in self.fluid.items() if P not in self.unsearched}
+        log = "\n".join([_summary(by_p, searched, self.depth, self.single, proven, self.incumbent_s), *self.logs])
         if self.best is None:
             if explored_all and all(proven.values()) and all(math.isinf(b) for b in bounds.values()):
                 return self.result(SolveStatus.INFEASIBLE, None, None, None,

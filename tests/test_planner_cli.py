@@ -196,6 +196,20 @@ def test_solve_with_a_malformed_settings_section_names_the_setting(capsys, clust
     assert code == 2 and len(err) == 1 and f"{prob_path}: {field}:" in err[0], err
 
 
+def test_the_log_shows_no_fluid_bound_for_a_pipeline_count_settled_before_the_fluid_search(capfd) -> None:
+    """small-mixed with Llama-2 7B: the one-pipeline bound settles P = 1 before the fluid search, which
+    then leaves P = 1 at a floor (0.019 s) that the log must not present as its fluid bound."""
+    cluster = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "small-mixed.yaml"
+    code = main(["plan", "--model", "llama2-7b", "--cluster", str(cluster), "--recompute", "full",
+                 "--solver", "cpsat", "--time-limit", "20", "--json", "--log"])
+    d = json.loads(capfd.readouterr().out)
+    assert code == 0
+    header, one = d["log"].splitlines()[1].split(), d["log"].splitlines()[2].split()
+    assert header[:5] == ["pipelines", "bound_s", "fluid_s", "depth_s", "one_pipe_s"]
+    assert one[0] == "1" and one[5] == "yes" and one[2] == "-"
+    assert float(one[4]) >= d["iteration_time_s"] * (1 - 1e-6)
+
+
 @pytest.mark.parametrize("solver", [["cpsat"], ["milp", "--backend", "highs"], ["milp", "--backend", "cbc"]])
 def test_plan_json_with_the_solver_log_keeps_stdout_one_json_object(capfd, cluster_file: Path,
                                                                      solver: list[str]) -> None:
