@@ -283,9 +283,9 @@ def single_pipeline_bound(tables: CostTables, *, upper_s: float | None = None, d
     first = search.run(exact_optimizer=False)
     if first is None:
         return None
-    settled = upper_s is not None and first[0] >= upper_s * (1 - rel_tol)  # cannot beat the incumbent anyway
+    settled = upper_s is not None and first >= upper_s * (1 - rel_tol)  # cannot beat the incumbent anyway
     second = None if settled else search.run(exact_optimizer=True)
-    bound = first[0] if second is None else max(first[0], second[0])
+    bound = first if second is None else max(first, second)
     return SinglePipeline(bound, search.best_multisets(CANDIDATES), len(search.memo))
 
 
@@ -329,11 +329,12 @@ class _CapSearch:
             lo, hi = (lo, mid) if feasible(mid) else (mid + 1, hi)
         return lo
 
-    def run(self, exact_optimizer: bool) -> tuple[float, tuple[int, int]] | None:
-        """(bound, caps of the best value found); None when the deadline came before any value."""
+    def run(self, exact_optimizer: bool) -> float | None:
+        """The pass's bound; None when the deadline came before any value (the multisets are read
+        from every evaluated pair of caps afterwards, :meth:`best_multisets`)."""
         Us, Os, M1, floor = self.Us, self.Os, self.M1, self.floor
         nU, nO = len(Us), len(Os)
-        best, arg, boxes = math.inf, None, []
+        best, boxes = math.inf, []
 
         def charge(a: int) -> float:
             return max(Os[a], floor) if exact_optimizer else floor
@@ -347,12 +348,10 @@ class _CapSearch:
         try:
             quick = M1 * Us[0] + self.S(nU - 1, nO - 1) + charge(0 if exact_optimizer else nO - 1)
             if self.upper is not None and quick >= self.upper:  # every cap's value is at least this
-                return quick, (nU - 1, nO - 1)
+                return quick
             u0 = self._least(lambda i: math.isfinite(self.S(i, nO - 1)), nU)  # the least feasible U (any O)
             o0 = self._least(lambda a: math.isfinite(self.S(nU - 1, a)), nO) if exact_optimizer else nO - 1
-            for ia in {(i, a) for i in (u0, nU - 1) for a in (o0, nO - 1)}:
-                if value(*ia) < best:
-                    arg, best = ia, value(*ia)
+            best = min(value(i, a) for i in (u0, nU - 1) for a in (o0, nO - 1))
             cut = best if self.upper is None else min(best, self.upper)
             boxes = [box(u0, nU - 1, o0, nO - 1)]  # all four corners evaluated; least bound first
             while boxes and boxes[0][0] < cut * (1 - self.tol):
@@ -365,14 +364,12 @@ class _CapSearch:
                 else:
                     m = (a + b) // 2
                     halves, new = [(i, k, m, b), (i, k, a, m)], [(i, m), (k, m)]
-                for ia in new:
-                    if value(*ia) < best:
-                        arg, best = ia, value(*ia)
-                        cut = min(cut, best)
+                best = min(best, *(value(*ia) for ia in new))
+                cut = min(cut, best)
                 for h in halves:
                     heapq.heappush(boxes, box(*h))
         except TimeoutError:
-            if arg is None:
+            if math.isinf(best):
                 return None
         top = best if self.upper is None else min(best, self.upper)
-        return min([top] + [bx[0] for bx in boxes]), arg
+        return min([top] + [bx[0] for bx in boxes])
