@@ -369,7 +369,9 @@ class _ExactRun:
         """Record the fluid bounds and the best plan its rounded masters gave (the primal side)."""
         for P, b in out.bounds.items():  # two searches (odd and even P) each bound every P: keep the larger
             self.fluid[P] = max(self.fluid.get(P, 0.0), b)
-        self.params["fluid_bound_s"] = min(self.fluid.values()) if len(self.fluid) == self.pmax else None
+        # a pipeline count settled before the search was left at a floor there: it counts at the bound that settled it
+        by_p = [max(b, self._early(P)) if P in self.unsearched else b for P, b in self.fluid.items()]
+        self.params["fluid_bound_s"] = min(by_p) if len(self.fluid) == self.pmax else None
         if out.plan is not None and self.best is not None:
             self._offer(out.plan, evaluate(out.plan, self.profile))
 

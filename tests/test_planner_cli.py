@@ -208,6 +208,14 @@ def test_the_log_shows_no_fluid_bound_for_a_pipeline_count_settled_before_the_fl
     assert header[:5] == ["pipelines", "bound_s", "fluid_s", "depth_s", "one_pipe_s"]
     assert one[0] == "1" and one[5] == "yes" and one[2] == "-"
     assert float(one[4]) >= d["iteration_time_s"] * (1 - 1e-6)
+    # params' least fluid bound counts a settled P at the bound that settled it, not at the search's floor
+    rows = []
+    for line in d["log"].splitlines()[2:]:
+        if len(line.split()) != 6 or line.split()[5] not in ("yes", "no"):
+            break  # the table ends where the backends' logs begin
+        rows.append(line.split())
+    least = min(float(r[1]) if r[2] == "-" else float(r[2]) for r in rows)
+    assert d["params"]["fluid_bound_s"] == pytest.approx(least, rel=1e-5)
 
 
 @pytest.mark.parametrize("solver", [["cpsat"], ["milp", "--backend", "highs"], ["milp", "--backend", "cbc"]])
