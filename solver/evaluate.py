@@ -119,11 +119,19 @@ def evaluate(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, pair_savings: di
     pipe_times: list[float] = []
     violations: list[str] = []
     opt = 0.0
+    seen: dict[tuple, StageCost] = {}  # pipelines of one plan repeat stages (P identical ones: all of them)
+
+    def cost_of(st: StagePlan, k: int, n: int, m: int, nxt: StagePlan | None) -> StageCost:
+        key = (st.node, st.tp, st.num_layers, k, n, m, None if nxt is None else nxt.node)
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = stage_cost(problem, st, k, n, m, nxt, profile)
+        return got
+
     for p, pipe in enumerate(plan.pipelines):
         n = len(pipe.stages)
-        costs = tuple(
-            stage_cost(problem, st, k, n, pipe.micro_batches, pipe.stages[k + 1] if k + 1 < n else None, profile)
-            for k, st in enumerate(pipe.stages))
+        costs = tuple(cost_of(st, k, n, pipe.micro_batches, pipe.stages[k + 1] if k + 1 < n else None)
+                      for k, st in enumerate(pipe.stages))
         stages_out.append(costs)
         u = [c.time for c in costs]
         if problem.schedule == "wshape":

@@ -116,3 +116,30 @@ def test_wshape_pair_savings_shorten_the_iteration(example_plan: Plan) -> None:
     assert plain.pipeline_times_s == pytest.approx(tuple(expect))
     saved = evaluate(w, pair_savings={2: 0.2})
     assert saved.iteration_time_s < plain.iteration_time_s
+
+
+def test_each_stage_costs_what_stage_cost_gives_it_alone() -> None:
+    """evaluate() computes a repeated stage once per plan: stages alike in node, TP, layers and
+    position but not in micro-batches (memory in flight) or next node (send) keep their own costs."""
+    from hexhelix.ir.cluster import load_cluster
+
+    cl = load_cluster(ROOT / "examples" / "clusters" / "hexiscale-het2.yaml")
+    problem = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                          training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full"))
+    g = [tuple(cl.node_gpus(n)) for n in range(len(cl.nodes))]
+
+    def pipe(m: int, i: int, second: int) -> PipelinePlan:
+        stages = (StagePlan(node=0, gpus=g[0][2 * i:2 * i + 2], layers=(0, 3)),
+                  StagePlan(node=second, gpus=g[second][i:i + 1] if second else g[0][7:], layers=(3, 14)),
+                  StagePlan(node=3, gpus=g[3][2 * i:2 * i + 2], layers=(14, 32)))
+        return PipelinePlan(stages=stages, micro_batches=m)
+
+    plan = Plan(problem=problem, pipelines=(pipe(2, 0, 2), pipe(31, 1, 2), pipe(31, 2, 0)))
+    ev = evaluate(plan)
+    for p, pl in enumerate(plan.pipelines):
+        n = len(pl.stages)
+        alone = [stage_cost(problem, st, k, n, pl.micro_batches, pl.stages[k + 1] if k + 1 < n else None)
+                 for k, st in enumerate(pl.stages)]
+        assert list(ev.stages[p]) == alone
+    assert ev.stages[0][0].memory_bytes < ev.stages[1][0].memory_bytes  # 2 micro-batches in flight, not 3
+    assert ev.stages[1][0].comm > ev.stages[2][0].comm  # sends to the 4090 node, or within its own node
