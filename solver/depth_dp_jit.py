@@ -11,15 +11,12 @@ flight, a relaxation). Stage times and memory limits come in as tables per optio
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
-from .shape_dp_jit import compile_cached
+from .kernels import Kernel, signature
 
 __all__ = ["depth_dp"]
-
-_compiled: Callable | None = None
 
 
 def _depth_dp(caps: np.ndarray, weights: np.ndarray, alpha: float, pg: np.ndarray,
@@ -111,12 +108,6 @@ def _depth_dp(caps: np.ndarray, weights: np.ndarray, alpha: float, pg: np.ndarra
     return vals, stages, counts
 
 
-def depth_dp(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_depth_dp` compiled by numba where it is installed (machine code cached on disk),
-    else run as plain Python (the tests' small instances only)."""
-    global _compiled
-    if _compiled is None:
-        from .shape_dp_jit import AVAILABLE
-
-        _compiled = compile_cached(_depth_dp) if AVAILABLE else _depth_dp
-    return _compiled(*args)
+depth_dp = Kernel(_depth_dp, (signature("f1 f1 f f1 f2 f2 f2 f2 i2 i2 i1 i1"),))
+"""The compiled :func:`_depth_dp` where numba is installed (:mod:`.kernels`), else plain Python (the
+tests' small instances only)."""

@@ -11,18 +11,14 @@ numba is not installed or the problem is small (importing numba costs ~0.5 s).
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from .kernels import AVAILABLE, Kernel, signature
 from .layer_assign import TIE_REL
-from .shape_dp_jit import compile_cached
 
 __all__ = ["AVAILABLE", "assign_layers_compiled"]
-
-AVAILABLE = importlib.util.find_spec("numba") is not None
-_compiled: Callable | None = None
 
 
 def _scan(a: np.ndarray, b: np.ndarray, cap: np.ndarray, layers: int, micro_batches: int,
@@ -96,14 +92,14 @@ def _scan(a: np.ndarray, b: np.ndarray, cap: np.ndarray, layers: int, micro_batc
     return cnt.copy(), obj[pick]
 
 
+_scan_compiled = Kernel(_scan, (signature("f1 f1 i1 i i i"),))
+
+
 def assign_layers_compiled(time1: Sequence[float], time0: Sequence[float], caps: Sequence[int], layers: int,
                            micro_batches: int, min_layers: int = 1) -> tuple[tuple[int, ...], float] | None:
     """:func:`.layer_assign.assign_layers` (same arguments, same result) on the compiled scan."""
-    global _compiled
-    if _compiled is None:
-        _compiled = compile_cached(_scan)
     cap = np.minimum(np.array(caps, np.int64), layers)
-    counts, t = _compiled(np.array(time1, float), np.array(time0, float), cap, int(layers), int(micro_batches),
+    counts, t = _scan_compiled(np.array(time1, float), np.array(time0, float), cap, int(layers), int(micro_batches),
                           int(min_layers))
     if counts.shape[0] == 0:
         return None

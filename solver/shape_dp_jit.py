@@ -20,17 +20,13 @@ floor tables apply); ``onode[c]`` the node of option c.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "compile_cached", "solve_batch"]
+from .kernels import AVAILABLE, Kernel, signature
 
-# numba is imported (~0.8 s) and the loops compiled (~4 s, then cached on disk) on first use only
-AVAILABLE = importlib.util.find_spec("numba") is not None
-_compiled: Callable | None = None
+__all__ = ["AVAILABLE", "solve_batch"]
 
 
 def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, slopes: np.ndarray, wcaps: np.ndarray,
@@ -233,20 +229,7 @@ def _dp_batch(caps: np.ndarray, lows: np.ndarray | None, weights: np.ndarray, sl
     return vals, stages, counts
 
 
-def compile_cached(fn: Callable) -> Callable:
-    """``fn`` compiled by numba, its machine code cached on disk beside the source (so an install
-    compiles it once), or uncached where no cache folder is writable; numba is imported here only."""
-    import numba
-
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # no writable cache next to the source nor in the user's cache folder
-        return numba.njit(nogil=True)(fn)
-
-
-def solve_batch(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_dp_batch` compiled by numba (on the first call; the machine code is cached on disk)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = compile_cached(_dp_batch)
-    return _compiled(*args)
+# the argument types the pricer passes (lows None where no box has a lower edge)
+solve_batch = Kernel(_dp_batch, tuple(signature(f"f1 {lows} f1 f1 f1 f1 f3 f3 f2 f2 i1 i1 i1 i2 i2 i1 b1 b2 b1 i b "
+                                                "f3 f3 f3 f3 f3 f3") for lows in ("N", "f1")))
+"""The compiled :func:`_dp_batch` (:mod:`.kernels`: compiled ahead of a solve, cached on disk)."""

@@ -16,18 +16,13 @@ per certificate at 32 GPUs), so only a leaf the search cannot branch any further
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from collections.abc import Callable
 
 import numpy as np
 
-from .shape_dp_jit import compile_cached
+from .kernels import AVAILABLE, Kernel, signature
 
 __all__ = ["AVAILABLE", "solve_labels"]
-
-AVAILABLE = importlib.util.find_spec("numba") is not None
-_compiled: Callable | None = None
 
 
 def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: np.ndarray,
@@ -363,9 +358,6 @@ def _labels_batch(caps: np.ndarray, lows: np.ndarray, wcaps: np.ndarray, scale: 
     return vals, stages, counts, relaxed
 
 
-def solve_labels(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """:func:`_labels_batch` compiled by numba (on the first call; the machine code is cached on disk)."""
-    global _compiled
-    if _compiled is None:
-        _compiled = compile_cached(_labels_batch)
-    return _compiled(*args)
+solve_labels = Kernel(_labels_batch, (signature("f1 f1 f1 f1 f f1 f1 f1 i f3 f3 f2 f2 i1 i1 i1 i2 i2 i1 b1 b2 b1 i b "
+                                                 "f3 f3 f3 f3 f3 f3"),))
+"""The compiled :func:`_labels_batch` (:mod:`.kernels`: compiled ahead of a solve, cached on disk)."""

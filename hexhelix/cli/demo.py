@@ -159,10 +159,12 @@ def _show_inputs(problem: PlanProblem) -> None:
 
 
 def _compare(tour: _Tour, problem: PlanProblem, limit: float) -> list[Any]:
+    from hexhelix.solver import kernels
     from hexhelix.solver.solve import compare, relative_to_bound
 
     from .plan import ticker
 
+    kernels.warm()  # a fresh install compiles them here (~25 s, logged), not under the ticker's time limit
     with ticker("hexhelix demo: compare", limit * 2):
         results = compare(problem, list(SOLVERS), {"workers": 1, "warm_start": True}, seed=0,
                           profile=DEFAULT_PROFILE, time_limit=limit,
