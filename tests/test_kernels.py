@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hexhelix.ir.cluster import load_cluster
 from hexhelix.ir.model import PRESETS, TrainingConfig
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.solver import kernels
+from hexhelix.solver.candidates import build_tables
 from hexhelix.solver.kernels import Kernel, signature
 from hexhelix.solver.layer_assign import assign_layers
 from hexhelix.solver.layer_assign_jit import assign_layers_compiled
+from hexhelix.solver.shape_pricing import ShapePricer
 from hexhelix.solver.solve import solve
+from hexhelix.solver.stage_floors import Locality
+from test_planner_exact import make_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_numba = pytest.mark.skipif(not kernels.AVAILABLE, reason="numba is not installed")
@@ -50,11 +56,18 @@ def test_a_solve_calls_every_kernel_with_declared_types_only(monkeypatch: pytest
         return call(self, *args)
 
     monkeypatch.setattr(Kernel, "__call__", recording)
-    # small-mixed without recompute: the pricing DP, the DP with memory at depth and the labels
+    # small-mixed without recompute: the pricing DP (fluid search) and the DP with memory at depth
     pb = PlanProblem(cluster=load_cluster(ROOT / "examples/clusters/small-mixed.yaml"), model=PRESETS["llama2-7b"],
                      training=TrainingConfig())
     res = solve(pb, "cpsat", time_limit=5, options={"fluid_parallel": False})
     assert res.plan is not None
+    # the labels, which a solve reaches only in its last whole-batch phase (timing-dependent): called as it does
+    tiny = make_problem(gpus=(2, 3), mem=(4, 4), gb=4, seq=4096, layers=5)
+    pricer, nodes = ShapePricer(build_tables(tiny), engine="jit"), len(tiny.cluster.nodes)
+    for lows in (np.array([-math.inf]), np.array([0.01])):
+        vals, _, _ = pricer.solve_whole(np.array([1e9]), lows, None, np.array([1.0]), 0.5, np.array([1e9]),
+                                        np.full(nodes, 0.1), pricer.extras(2, Locality(visit=frozenset({1}))))
+        assert np.isfinite(vals).all()
     # HexiScale's layer scan, as phase 2 calls it (lists of floats and ints)
     args = ([1.0, 2.0, 1.5], [0.5, 1.0, 0.7], [4, 4, 4], 8, 4)
     assert assign_layers_compiled(*args) == assign_layers(*args)
