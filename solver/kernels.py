@@ -3,9 +3,9 @@
 Four loops are compiled with numba (the pricing DP, its Pareto-label form, the DP with memory at
 depth, HexiScale's layer scan). Compiling them takes ~25 s on 2 cores the first time after an install
 (the machine code is then cached on disk beside the sources and loads in well under a second).
-Compiled on first use, that time fell inside a solve's time limit: a fresh install's first
-``hexhelix plan --time-limit 10`` ran 17 s and lost its bound (a forked child compiling the same loops
-again past its deadline). :func:`warm` compiles or loads them all for their declared argument types
+Compiled on first use, that time fell inside a solve's time limit: on a fresh install the demo's
+10 s ``milp-highs`` solve ran 17 s, and a 40 s ``cpsat`` solve 50 s with its bound lost (a forked
+child compiling the same loops again past its deadline; docs/gap-analysis.md, "Short time limits"). :func:`warm` compiles or loads them all for their declared argument types
 before an exact solve starts its clock (:func:`.exact_plan.solve_exact`); a type not declared
 still compiles, on the call that meets it (tests/test_kernels.py checks that none does).
 """
@@ -85,7 +85,7 @@ def _compile(fn: Callable[..., Any], signatures: tuple[str, ...]) -> Callable[..
 
 def warm() -> float:
     """Compile (or load from the disk cache) every kernel now; returns the seconds it took. Says so
-    on the log (warning level) when that was a compile, not a load (over a second)."""
+    on the log (warning level) when it took over a second (a compile; a load takes ~0.6 s here)."""
     if not AVAILABLE:
         return 0.0
     t0 = time.perf_counter()
@@ -98,6 +98,6 @@ def warm() -> float:
         k.ready()
     took = time.perf_counter() - t0
     if took > 1.0:
-        logger.warning("compiled the planner's numba kernels in %.1f s before the solve's clock started "
-                       "(once per install: the machine code is cached on disk)", took)
+        logger.warning("the planner's numba kernels took %.1f s to compile or load, before the solve's clock "
+                       "started (a fresh install compiles them once; the machine code is cached on disk)", took)
     return took

@@ -88,5 +88,5 @@ def test_a_fresh_install_compiles_before_the_time_limit_starts(tmp_path: Path) -
     res = json.loads(out.stdout)
     assert res["params"]["kernels_s"] > 3.0  # compiled, not loaded
     assert res["solve_time_s"] < 3.0 + 1.0
-    assert "compiled the planner's numba kernels" in out.stderr
+    assert "numba kernels took" in out.stderr
     assert any((tmp_path / "numba-cache").rglob("*.nbi"))  # cached for the next solve
