@@ -27,7 +27,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from .plan_formulation import BackendOutcome, LinearModel
 from .result import SolveResult
 
-__all__ = ["map_cbc_status", "map_highs_status", "plan_milp", "quiet_stdout", "solve_milp_model", "to_pulp"]
+__all__ = ["cbc_infeasible_is_proof", "map_cbc_status", "map_highs_status", "plan_milp", "quiet_stdout", "solve_milp_model", "to_pulp"]
 
 BACKENDS = ("cbc", "highs")
 
@@ -130,14 +130,45 @@ _CBC_BOUND = re.compile(r"(?:Lower bound|Best possible|best possible)[:\s]+(-?[0
 _CBC_WALL = re.compile(r"Total time \(CPU seconds\):.*\(Wallclock seconds\):\s+([0-9.eE+]+)")
 
 
-CBC_GRACE_S = 2.0  # CBC overruns its own -sec (root LP, MIP start: 32 s at -sec 1 on a 31k-row model)
+# A backend call's time limit is a wall-clock budget for the whole call (as for CP-SAT): building the
+# PuLP model, handing it over (writing CBC's MPS file, building HiGHS's model) and the search. The search gets
+# what is left less SEARCH_RESERVE of it, for the solver's own overshoot (HiGHS checks its clock between
+# phases: 1.87 s at a 1.58 s limit on hexiscale-het2's two-pipeline model), and CBC, which checks its -sec only
+# between phases (root LP, MIP start: 32 s at -sec 1 on hexiscale-het1's 31k-row model), is killed
+# CBC_KILL_GRACE_S after the budget. Before (floors of 1 s on the search and 2 s of grace past it), a 10 s
+# `milp-cbc` solve of hexiscale-het2 ran 12.0 s: its P = 2 call had 2.6 s left, spent 2 s converting and
+# writing, gave CBC -sec 0.6 and killed it 2.6 s later (2026-12-07).
+SEARCH_RESERVE, MIN_SEARCH_S, CBC_KILL_GRACE_S, HIGHS_HANDOVER = 0.1, 0.05, 0.1, 0.2
 
 
-def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float) -> tuple[str, str]:
-    """Solve ``prob`` with PuLP's bundled CBC binary under a wall-clock limit: ``seconds`` go to CBC's
-    own -sec, and a run still going :data:`CBC_GRACE_S` later is killed (CBC checks its clock only
-    between phases). The problem's variables get CBC's values. Returns (failure, log): failure is ""
-    on a solution file, "time" when stopped without one, "error" when CBC failed."""
+def _search_seconds(end: float) -> float:
+    """The search's own limit for a call that must be done by ``end`` (monotonic): what is left, less the
+    reserve for the solver's overshoot; below :data:`MIN_SEARCH_S` the call does not search."""
+    return (1 - SEARCH_RESERVE) * (end - time.monotonic())
+
+
+CBC_PROOF_SHARE = 0.9
+
+
+def cbc_infeasible_is_proof(wall_s: float | None, sec: float) -> bool:
+    """Whether CBC's "infeasible" is a proof: only when its run (``wall_s``, from its log) ended well
+    within its -sec ``sec``. CBC stopped by -sec inside its preprocessing reports "Pre-processing says
+    infeasible": hexiscale-het2's two-pipeline model with a 7.7 s cutoff, once in six runs at -sec 2.23
+    (wall 2.44 s), where neither CBC nor CP-SAT finds it infeasible in 60 s (2026-12-07). Taken as a
+    proof, the planner would have settled that pipeline count at its incumbent.
+
+    >>> cbc_infeasible_is_proof(2.44, 2.23), cbc_infeasible_is_proof(0.4, 2.23), cbc_infeasible_is_proof(None, 5)
+    (False, True, False)
+    """
+    return wall_s is not None and wall_s < CBC_PROOF_SHARE * sec
+
+
+def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) -> tuple[str, str, float]:
+    """Solve ``prob`` with PuLP's bundled CBC binary, done by ``end`` (monotonic): CBC's own -sec is
+    what writing its files leaves (:func:`_search_seconds`), and a run still going
+    :data:`CBC_KILL_GRACE_S` after ``end`` is killed. The problem's variables get CBC's values. Returns
+    (failure, log, -sec given): failure is "" on a solution file, "time" when stopped without one (or
+    no time was left to start CBC), "error" when CBC failed."""
     import subprocess
     import warnings
 
@@ -148,7 +179,6 @@ def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float
         cbc = pulp.PULP_CBC_CMD(msg=False)  # the binary's path and PuLP's MPS / solution-file helpers
     if not cbc.available():
         raise SolverError("CBC is not available (install coinor-cbc or the PuLP wheel's bundled cbc)")
-    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hexhelix_cbc_") as tmp:
         mps, mst, sol, log_path = (os.path.join(tmp, f) for f in ("model.mps", "start.mst", "model.sol", "cbc.log"))
         vs, var_names, row_names, _ = prob.writeMPS(mps, rename=1)
@@ -156,13 +186,16 @@ def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float
         if hint:
             cbc.writesol(mst, prob, vs, var_names, row_names)
             args += ["-mips", mst]
-        left = max(0.5, seconds - (time.monotonic() - t0))
+        left = _search_seconds(end)
+        if left < MIN_SEARCH_S:
+            return "time", "(hexhelix: no time left for CBC after writing its files)\n", 0.0
+        t_start = time.monotonic()
         args += ["-sec", f"{left:.3f}", "-randomSeed", str(seed + 1), "-integerT", "1e-9", "-ratio", repr(gap_rel),
                  "-threads", "1", "-timeMode", "elapsed", "-solve", "-printingOptions", "all", "-solution", sol]
         with open(log_path, "w") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
-                proc.wait(timeout=left + CBC_GRACE_S)
+                proc.wait(timeout=max(0.0, end - time.monotonic()) + CBC_KILL_GRACE_S)
                 killed = False
             except subprocess.TimeoutExpired:
                 proc.kill()
@@ -171,35 +204,41 @@ def _run_cbc(prob: Any, *, hint: bool, seconds: float, seed: int, gap_rel: float
         with open(log_path) as fh:
             text = fh.read()
         if killed:
-            return "time", (text + f"\n(hexhelix: CBC killed {left + CBC_GRACE_S:.1f} s after its start, "
-                                   f"its -sec {left:.1f} s passed)\n")
+            return "time", (text + f"\n(hexhelix: CBC killed {time.monotonic() - t_start:.1f} s after its start, "
+                                   f"its -sec {left:.2f} s and the call's time limit passed)\n"), left
         if proc.returncode != 0 or not os.path.exists(sol):
-            return ("time" if time.monotonic() - t0 >= 0.9 * seconds else "error"), text
+            return ("time" if time.monotonic() - t_start >= 0.9 * left else "error"), text, left
         status, values, _dj, _pi, _slack, sol_status = cbc.readsol_MPS(sol, prob, vs, var_names, row_names)
     prob.assignVarsVals(values)
     prob.assignStatus(status, sol_status)
-    return "", text
+    return "", text, left
 
 
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
-    """Solve ``lin`` with CBC or HiGHS through PuLP; the bound comes from the backend itself
-    (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log line). ``overhead_s``:
-    the call's seconds beyond the solver's own run within its limit (building the PuLP model and
-    handing it over: ~7–9 µs per nonzero, 13 s on hexiscale-het3's six-pipeline model)."""
+    """Solve ``lin`` with CBC or HiGHS through PuLP, done by ``time_limit`` seconds after the call (the
+    budget covers building the PuLP model and handing it over: see :data:`SEARCH_RESERVE`); the bound
+    comes from the backend itself (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log
+    line). ``overhead_s``: the call's seconds beyond the solver's own run within its limit (building the
+    PuLP model and handing it over: ~7–9 µs per nonzero, 13 s on hexiscale-het3's six-pipeline model)."""
     import pulp
 
     if backend not in BACKENDS:
         raise SolverError(f"unknown MILP backend {backend!r}; use one of {', '.join(BACKENDS)}")
     t0 = time.monotonic()
+    end = t0 + float(time_limit)
     prob, v = to_pulp(lin)
-    tl = max(1.0, float(time_limit) - (time.monotonic() - t0))  # the limit covers building the model too
+    converted = time.monotonic() - t0
+    if _search_seconds(end) < MIN_SEARCH_S:  # building the PuLP model took the whole budget
+        return BackendOutcome(status="timeout", values=None, objective=None, bound=None,
+                              log="(hexhelix: no time left to search after building the model)\n" if log else "",
+                              overhead_s=converted)
     if hint:
         for i, val in hint.items():
             v[i].setInitialValue(val)
     text = ""
     if backend == "cbc":
-        failed, text = _run_cbc(prob, hint=bool(hint), seconds=tl, seed=seed, gap_rel=gap_rel)
+        failed, text, tl = _run_cbc(prob, hint=bool(hint), end=end, seed=seed, gap_rel=gap_rel)
         wall = _CBC_WALL.findall(text)
         searched = min(tl, float(wall[-1])) if wall else tl  # CBC's own run (killed: none reported)
         if failed:  # no solution file: stopped (by its limit or by us at the deadline) before one, or broke
@@ -207,6 +246,8 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "",
                                   overhead_s=max(0.0, time.monotonic() - t0 - searched))
         status = map_cbc_status(prob.status, prob.sol_status)
+        if status == "infeasible" and not cbc_infeasible_is_proof(float(wall[-1]) if wall else None, tl):
+            status = "timeout"  # its preprocessing stopped by -sec says "infeasible": no proof
         has = prob.sol_status in (1, 2)
         obj = pulp.value(prob.objective) if has else None
         bound = obj if status == "optimal" else None
@@ -215,6 +256,13 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             if found:
                 bound = float(found[-1])
     else:
+        # HiGHS's own clock starts after PuLP hands the model over (0.18 s after a 1.42 s conversion on
+        # hexiscale-het2's two-pipeline model): that is charged at HIGHS_HANDOVER of the conversion
+        tl = _search_seconds(end) - HIGHS_HANDOVER * converted
+        if tl < MIN_SEARCH_S:
+            return BackendOutcome(status="timeout", values=None, objective=None, bound=None,
+                                  log="(hexhelix: no time left for HiGHS after building the model)\n" if log else "",
+                                  overhead_s=time.monotonic() - t0)
         # the log goes to a file (read into the result), never to the console beside --json's object
         fd, path = tempfile.mkstemp(suffix=".log", prefix="hexhelix_highs_")
         os.close(fd)
