@@ -260,6 +260,22 @@ def test_an_interrupted_cpsat_solve_stops_with_its_incumbent() -> None:
     assert len(asked) == 1 and time.monotonic() - t0 < 15.0  # stopped at the first poll, not at the limit
 
 
+def test_time_no_model_can_use_goes_to_the_fluid_search(examples_dir) -> None:
+    """hexiscale-het1 at 10 s through HiGHS: P = 1's model would fit the models' share, but the one-pipeline
+    bound settles P = 1 during the warm start and every other P-model takes longer to build than the share.
+    Once the warm start is over the planner sees that and gives the fluid search the time (the solve had
+    ended at 7.1 s with 2.9 s unused); no backend call is made."""
+    from hexhelix.ir.cluster import load_cluster
+
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het1.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, seq_len=4096, recompute="full"))
+    res = solve(pb, "milp-highs", time_limit=10.0, options={"fluid_parallel": False})
+    assert res.params["models_fit"] is False and res.params["iterations"] == 0
+    assert res.params["bound_by_pipelines"][1] >= res.evaluation.iteration_time_s * (1 - 1e-4)  # P = 1 settled
+    assert res.solve_time_s >= 8.0
+
+
 def test_a_solve_the_fluid_bounds_prove_optimal_ends_before_its_limit() -> None:
     """4 A100 + 4 A40, Llama-2 7B: the fluid search (on a second core) proves every pipeline count
     within the optimality tolerance in seconds; the exact models then stop (a running CP-SAT solve is
