@@ -16,7 +16,7 @@ from typing import Any
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
-from .plan_formulation import BackendOutcome, LinearModel
+from .plan_formulation import BackendOutcome, LinearModel, search_seconds
 from .result import SolveResult
 
 __all__ = ["INTERRUPT_POLL_S", "map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
@@ -68,7 +68,7 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
         m.add_hint(v[i], int(val))
     solver = cp_model.CpSolver()
     # the limit covers building the model too (the caller's deadline is wall-clock)
-    solver.parameters.max_time_in_seconds = max(0.05, float(time_limit) - (time.monotonic() - t0))
+    solver.parameters.max_time_in_seconds = max(0.05, search_seconds(t0 + float(time_limit)))
     solver.parameters.random_seed = int(seed)
     solver.parameters.num_workers = max(1, int(workers))
     solver.parameters.log_search_progress = bool(log)

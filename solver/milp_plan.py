@@ -24,7 +24,7 @@ from hexhelix.ir.errors import SolverError
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
-from .plan_formulation import BackendOutcome, LinearModel
+from .plan_formulation import BackendOutcome, LinearModel, search_seconds
 from .result import SolveResult
 
 __all__ = ["cbc_infeasible_is_proof", "map_cbc_status", "map_highs_status", "plan_milp", "quiet_stdout", "solve_milp_model", "to_pulp"]
@@ -130,21 +130,13 @@ _CBC_BOUND = re.compile(r"(?:Lower bound|Best possible|best possible)[:\s]+(-?[0
 _CBC_WALL = re.compile(r"Total time \(CPU seconds\):.*\(Wallclock seconds\):\s+([0-9.eE+]+)")
 
 
-# A backend call's time limit is a wall-clock budget for the whole call (as for CP-SAT): building the
-# PuLP model, handing it over (writing CBC's MPS file, building HiGHS's model) and the search. The search gets
-# what is left less SEARCH_RESERVE of it, for the solver's own overshoot (HiGHS checks its clock between
-# phases: 1.87 s at a 1.58 s limit on hexiscale-het2's two-pipeline model), and CBC, which checks its -sec only
-# between phases (root LP, MIP start: 32 s at -sec 1 on hexiscale-het1's 31k-row model), is killed
-# CBC_KILL_GRACE_S after the budget. Before (floors of 1 s on the search and 2 s of grace past it), a 10 s
+# CBC checks its -sec only between phases (root LP, MIP start: 32 s at -sec 1 on hexiscale-het1's 31k-row model),
+# so it is killed CBC_KILL_GRACE_S after the call's budget (plan_formulation.SEARCH_RESERVE); below MIN_SEARCH_S
+# of search a call does not start one. Before (floors of 1 s on the search and 2 s of grace past it), a 10 s
 # `milp-cbc` solve of hexiscale-het2 ran 12.0 s: its P = 2 call had 2.6 s left, spent 2 s converting and
-# writing, gave CBC -sec 0.6 and killed it 2.6 s later (2026-12-07).
-SEARCH_RESERVE, MIN_SEARCH_S, CBC_KILL_GRACE_S, HIGHS_HANDOVER = 0.1, 0.05, 0.1, 0.2
-
-
-def _search_seconds(end: float) -> float:
-    """The search's own limit for a call that must be done by ``end`` (monotonic): what is left, less the
-    reserve for the solver's overshoot; below :data:`MIN_SEARCH_S` the call does not search."""
-    return (1 - SEARCH_RESERVE) * (end - time.monotonic())
+# writing, gave CBC -sec 0.6 and killed it 2.6 s later (2026-12-07). HiGHS's own clock starts after PuLP hands
+# the model over (0.18 s after a 1.42 s conversion there): that is charged at HIGHS_HANDOVER of the conversion.
+MIN_SEARCH_S, CBC_KILL_GRACE_S, HIGHS_HANDOVER = 0.05, 0.1, 0.2
 
 
 CBC_PROOF_SHARE = 0.9
@@ -165,7 +157,7 @@ def cbc_infeasible_is_proof(wall_s: float | None, sec: float) -> bool:
 
 def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) -> tuple[str, str, float]:
     """Solve ``prob`` with PuLP's bundled CBC binary, done by ``end`` (monotonic): CBC's own -sec is
-    what writing its files leaves (:func:`_search_seconds`), and a run still going
+    what writing its files leaves (:func:`.plan_formulation.search_seconds`), and a run still going
     :data:`CBC_KILL_GRACE_S` after ``end`` is killed. The problem's variables get CBC's values. Returns
     (failure, log, -sec given): failure is "" on a solution file, "time" when stopped without one (or
     no time was left to start CBC), "error" when CBC failed."""
@@ -186,7 +178,7 @@ def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) ->
         if hint:
             cbc.writesol(mst, prob, vs, var_names, row_names)
             args += ["-mips", mst]
-        left = _search_seconds(end)
+        left = search_seconds(end)
         if left < MIN_SEARCH_S:
             return "time", "(hexhelix: no time left for CBC after writing its files)\n", 0.0
         t_start = time.monotonic()
@@ -217,7 +209,7 @@ def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) ->
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
                      hint: dict[int, int] | None = None, log: bool = False, gap_rel: float = 1e-9) -> BackendOutcome:
     """Solve ``lin`` with CBC or HiGHS through PuLP, done by ``time_limit`` seconds after the call (the
-    budget covers building the PuLP model and handing it over: see :data:`SEARCH_RESERVE`); the bound
+    budget covers building the PuLP model and handing it over: see :func:`.plan_formulation.search_seconds`); the bound
     comes from the backend itself (HiGHS ``mip_dual_bound``; CBC's final "Lower bound"/"best possible" log
     line). ``overhead_s``: the call's seconds beyond the solver's own run within its limit (building the
     PuLP model and handing it over: ~7–9 µs per nonzero, 13 s on hexiscale-het3's six-pipeline model)."""
@@ -229,7 +221,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
     end = t0 + float(time_limit)
     prob, v = to_pulp(lin)
     converted = time.monotonic() - t0
-    if _search_seconds(end) < MIN_SEARCH_S:  # building the PuLP model took the whole budget
+    if search_seconds(end) < MIN_SEARCH_S:  # building the PuLP model took the whole budget
         return BackendOutcome(status="timeout", values=None, objective=None, bound=None,
                               log="(hexhelix: no time left to search after building the model)\n" if log else "",
                               overhead_s=converted)
@@ -256,9 +248,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
             if found:
                 bound = float(found[-1])
     else:
-        # HiGHS's own clock starts after PuLP hands the model over (0.18 s after a 1.42 s conversion on
-        # hexiscale-het2's two-pipeline model): that is charged at HIGHS_HANDOVER of the conversion
-        tl = _search_seconds(end) - HIGHS_HANDOVER * converted
+        tl = search_seconds(end) - HIGHS_HANDOVER * converted
         if tl < MIN_SEARCH_S:
             return BackendOutcome(status="timeout", values=None, objective=None, bound=None,
                                   log="(hexhelix: no time left for HiGHS after building the model)\n" if log else "",

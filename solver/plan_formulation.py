@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +20,20 @@ from hexhelix.ir.plan import PipelinePlan, Plan, StagePlan
 
 from .candidates import CostTables, identical_node_groups
 
-__all__ = ["BackendOutcome", "LinearModel", "PlanModel", "build_plan_model"]
+__all__ = ["SEARCH_RESERVE", "BackendOutcome", "LinearModel", "PlanModel", "build_plan_model", "search_seconds"]
+
+
+# A backend call's time limit is a wall-clock budget for the whole call: building the backend's model (CP-SAT's
+# CpModel, PuLP's problem, CBC's MPS file, HiGHS's model) counts, and the search gets what is left less
+# SEARCH_RESERVE of it, for the solver's own overshoot (HiGHS checks its clock between phases: 1.87 s at a
+# 1.58 s limit on hexiscale-het2's two-pipeline model; CP-SAT 2.88 s at 2.58 s on hexiscale-het1's, 2026-12-07)
+SEARCH_RESERVE = 0.1
+
+
+def search_seconds(end: float) -> float:
+    """The search's own limit for a backend call that must be done by ``end`` (``time.monotonic()``): what
+    is left, less :data:`SEARCH_RESERVE` of it."""
+    return (1 - SEARCH_RESERVE) * (end - time.monotonic())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
