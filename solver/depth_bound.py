@@ -33,7 +33,7 @@ import numpy as np
 from . import cost
 from .candidates import CostTables, identical_node_groups
 from .depth_dp_jit import depth_dp
-from .fluid_bound import _highs, optimizer_lower_bound, sync_lower_bound
+from .fluid_bound import _highs, rest_lower_bound
 
 __all__ = ["DepthTables", "depth_lower_bounds", "depth_tables", "memory_depends_on_depth"]
 
@@ -407,7 +407,7 @@ def depth_lower_bounds(tables: CostTables, pmax: int, upper_s: float, *, deadlin
     runs: dict[int, tuple[float, DepthRun]] = {}
     for P in range(1, pmax + 1):
         if only is None or P in only:
-            rest = sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P)
+            rest = rest_lower_bound(tables, P)
             runs[P] = (rest, DepthRun(dt, P, max(upper_s - rest, 1e-6), pricer))
     rounds = {P: 0 for P in runs}
     last = {P: 0.0 for P in runs}  # seconds of each P's last round: one that would overrun the deadline waits

@@ -33,6 +33,7 @@ from . import cost, kernels
 from .candidates import CostTables, build_tables, memory_shortfall
 from .depth_bound import depth_lower_bounds, memory_depends_on_depth
 from .evaluate import Evaluation, evaluate
+from .fluid_bound import terms_lower_bound
 from .fluid_job import FluidJob, FluidOutcome, can_fork, run_fluid, start_fluid
 from .hexiscale import polish, regroup_more, symmetric_more
 from .node_merge import fluid_view
@@ -226,6 +227,7 @@ class _ExactRun:
         self.single: dict[int, float] = {}  # P = 1: the one-pipeline bound counting every node's GPUs (docs §18)
         self.unsearched: frozenset[int] = frozenset()  # pipeline counts settled before the fluid search
         self.bounds: dict[int, float] = {}  # per P explored, the best bound
+        self.terms: dict[tuple[int, float], float] = {}  # (P, rate) -> the term-by-term floor (_floor)
         self.proven: dict[int, bool] = {}
         self.job: FluidJob | None = None
         self.logs: list[str] = []
@@ -402,7 +404,7 @@ class _ExactRun:
         inc = self.incumbent_s
         for P in set(self.fluid) | set(self.depth) | set(self.single):
             fb = max(self.fluid.get(P, 0.0), self._early(P))
-            self.bounds[P] = max(self.bounds.get(P, self.rate), fb)
+            self.bounds[P] = max(self.bounds.get(P, 0.0), self._floor(P), fb)
             if inc is not None and fb >= inc * (1 - self.gap_tol):
                 self.proven[P] = True
 
@@ -462,9 +464,12 @@ class _ExactRun:
         return list(range(1, min(self.pmax, cap) + 1))
 
     def _floor(self, P: int) -> float:
-        """P's bound before its model says anything: the total-work (or shape) bound, fluid, depth,
-        one pipeline."""
-        return max(self.rate, self.fluid.get(P, 0.0), self._early(P))
+        """P's bound before its model says anything: term by term (the total-work or shape bound on the
+        slowest pipeline plus R_P), fluid, depth, one pipeline."""
+        key = (P, self.rate)
+        if key not in self.terms:
+            self.terms[key] = terms_lower_bound(self.tables, P, self.rate)
+        return max(self.terms[key], self.fluid.get(P, 0.0), self._early(P))
 
     def model_passes(self, until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
@@ -568,7 +573,7 @@ class _ExactRun:
                 self.proven[P] = True
                 break
             if out.bound is not None:
-                self.bounds[P] = max(self.bounds[P], self.rate, out.bound / scale)
+                self.bounds[P] = max(self.bounds[P], self._floor(P), out.bound / scale)
             if out.values is None:
                 break
             plan = pm.decode(out.values)
@@ -597,7 +602,7 @@ class _ExactRun:
         """Status, bound and gap from the per-P bounds and the incumbent (docs §11)."""
         problem, pmax, bounds, proven = self.problem, self.pmax, self.bounds, self.proven
         explored_all = set(self.p_values) <= set(bounds) and len(self.p_values) == pmax
-        by_p = {P: bounds.get(P, self._floor(P)) for P in range(1, pmax + 1)}
+        by_p = {P: max(bounds.get(P, 0.0), self._floor(P)) for P in range(1, pmax + 1)}
         lower = min(by_p.values(), default=self.rate)
         self.params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax,
                             "iterations": self.iterations,

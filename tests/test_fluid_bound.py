@@ -36,6 +36,7 @@ from hexhelix.solver.fluid_bound import (
     fluid_lower_bound,
     optimizer_lower_bound,
     sync_lower_bound,
+    terms_lower_bound,
 )
 from hexhelix.solver.fluid_branch import _jump_ranges, _orbit, _split, fluid_bounds_by_pipelines
 from hexhelix.solver.fluid_certificate import ShapeFloors, certificate
@@ -227,6 +228,24 @@ def test_a_master_short_of_its_pipelines_prices_at_the_slack_duals(monkeypatch) 
     assert priced.lb_s <= heur.iteration_time_s * (1 + 1e-9)
 
 
+def test_the_term_by_term_floor_stays_below_every_plan_of_its_pipeline_count() -> None:
+    """The iteration time is the slowest pipeline plus sync plus optimizer step, each bounded on its own (the
+    total-work bound, R_P): their sum stays below the best enumerated plan of every pipeline count, and
+    from two pipelines on it is above either part alone."""
+    checked = 0
+    for seed in range(10):
+        pb = random_instance(seed)
+        tables = build_tables(pb)
+        for P, t in best_per_pipeline_count(pb).items():
+            floor = terms_lower_bound(tables, P)
+            assert floor <= t * (1 + 1e-9), (seed, P, floor, t)
+            if P >= 2:
+                parts = max(tables.gpu_rate_bound(), sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P))
+                assert floor > parts
+                checked += 1
+    assert checked >= 5
+
+
 def test_sync_lower_bound_below_evaluated_sync() -> None:
     pb = make_problem(mem=(4, 4), gb=8, seq=2048, inter=100)
     bf = solve(pb, "bruteforce")
@@ -284,7 +303,7 @@ def test_the_fluid_search_on_a_second_core_gives_a_valid_bound_and_joins_the_exa
 @pytest.mark.parametrize("seed", range(3))
 def test_a_search_over_some_pipeline_counts_bounds_those_and_leaves_the_others_at_their_floor(seed: int) -> None:
     """``only`` (two searches on two cores share the counts): its counts get bounds that stay below
-    their best enumerated plans, the other counts keep the global floor R_P, and ``only`` = every
+    their best enumerated plans, the other counts keep their term-by-term floor (total work + R_P), and ``only`` = every
     count is the plain search, leaf for leaf."""
     rng = random.Random(seed)
     pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(4, 6), seq=1024,
@@ -300,7 +319,7 @@ def test_a_search_over_some_pipeline_counts_bounds_those_and_leaves_the_others_a
     part, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=top, branch_nodes=40, only=odd)
     assert every == plain
     for P in range(1, pmax + 1):
-        floor = min(top, sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P))
+        floor = min(top, terms_lower_bound(tables, P))
         if P in odd:
             assert part[P] <= best.get(P, math.inf) * (1 + 1e-9), (P, part[P], best.get(P))
         else:
