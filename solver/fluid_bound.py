@@ -439,9 +439,8 @@ def rest_lower_bound(tables: CostTables, pipelines: int) -> float:
 def terms_lower_bound(tables: CostTables, pipelines: int, pipe_s: float | None = None) -> float:
     """A bound on every plan with ``pipelines`` pipelines, term by term: the slowest pipeline takes at least
     ``pipe_s`` (default the total-work bound :meth:`CostTables.gpu_rate_bound`), and sync and optimizer
-    at least R_P (:func:`rest_lower_bound`), since the iteration time is their sum. It is what a pipeline
-    count gets before any column generation: hexiscale-het3 with Llama-2 13B at 15 s left P = 7 and
-    10–28 at the total-work bound alone, 4.883 s (gap 48.4 % against the 9.472 s plan), where R_P adds
-    3–4 s from P = 12 on (2026-12-07)."""
+    at least R_P (:func:`rest_lower_bound`), since the iteration time is their sum. The exact planner's floor
+    per pipeline count (where the fluid search never roots one): hexiscale-het3 with Llama-2 13B at 15 s left
+    P = 10–28 at the total-work bound alone, 4.883 s, where R_P adds 2.4–4 s (2026-12-07)."""
     pipe = tables.gpu_rate_bound() if pipe_s is None else pipe_s
     return float(pipe + rest_lower_bound(tables, pipelines))

@@ -303,7 +303,7 @@ def test_the_fluid_search_on_a_second_core_gives_a_valid_bound_and_joins_the_exa
 @pytest.mark.parametrize("seed", range(3))
 def test_a_search_over_some_pipeline_counts_bounds_those_and_leaves_the_others_at_their_floor(seed: int) -> None:
     """``only`` (two searches on two cores share the counts): its counts get bounds that stay below
-    their best enumerated plans, the other counts keep their term-by-term floor (total work + R_P), and ``only`` = every
+    their best enumerated plans, the other counts keep the global floor R_P, and ``only`` = every
     count is the plain search, leaf for leaf."""
     rng = random.Random(seed)
     pb = make_problem(gpus=(rng.randint(2, 3), rng.randint(2, 3)), mem=(4, 4), gb=rng.randint(4, 6), seq=1024,
@@ -319,7 +319,7 @@ def test_a_search_over_some_pipeline_counts_bounds_those_and_leaves_the_others_a
     part, _ = fluid_bounds_by_pipelines(tables, pmax=pmax, upper_s=top, branch_nodes=40, only=odd)
     assert every == plain
     for P in range(1, pmax + 1):
-        floor = min(top, terms_lower_bound(tables, P))
+        floor = min(top, sync_lower_bound(tables, P) + optimizer_lower_bound(tables, P))
         if P in odd:
             assert part[P] <= best.get(P, math.inf) * (1 + 1e-9), (P, part[P], best.get(P))
         else:
