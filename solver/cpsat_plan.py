@@ -19,7 +19,7 @@ from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 from .plan_formulation import BackendOutcome, LinearModel, search_seconds
 from .result import SolveResult
 
-__all__ = ["INTERRUPT_POLL_S", "map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
+__all__ = ["INTERRUPT_POLL_S", "cp_model_of", "map_cpsat_status", "plan_cpsat", "solve_cpsat_model"]
 
 INTERRUPT_POLL_S = 0.1  # how often a running CP-SAT solve asks its caller whether to stop
 
@@ -43,6 +43,27 @@ def map_cpsat_status(status_name: str, has_solution: bool) -> str:
     return "error"
 
 
+def cp_model_of(lin: LinearModel) -> tuple[Any, list[Any]]:
+    """``lin`` as a CP-SAT model and its variables: each row written into the model's proto as one
+    linear constraint, the proto ``CpModel.add`` would write. Three times faster
+    than adding Python expressions: hexiscale-het3's four-pipeline model for Llama-2 13B (1.6 million
+    terms) took 2.1 s that way, inside the solve's time limit."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    v = [m.new_int_var(lb, ub, name) for name, lb, ub in zip(lin.names, lin.lb, lin.ub)]
+    cts = m.proto.constraints
+    for coefs, sense, rhs, _name in lin.rows:
+        lo, hi = (cp_model.INT_MIN, rhs) if sense == "<=" else (rhs, cp_model.INT_MAX) if sense == ">=" else (rhs, rhs)
+        row = cts.add().linear
+        keys = sorted(coefs)               # as CpModel.add orders them; LinearModel.add keeps nonzero ints only
+        row.vars.extend(keys)
+        row.coeffs.extend([coefs[i] for i in keys])
+        row.domain.extend((lo, hi))
+    m.minimize(cp_model.LinearExpr.weighted_sum([v[i] for i in lin.objective], list(lin.objective.values())))
+    return m, v
+
+
 def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, int] | None = None,
                       seed: int = 0, workers: int = 1, log: bool = False,
                       interrupt: Callable[[], bool] | None = None) -> BackendOutcome:
@@ -53,17 +74,7 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
     from ortools.sat.python import cp_model
 
     t0 = time.monotonic()
-    m = cp_model.CpModel()
-    v = [m.new_int_var(lb, ub, name) for name, lb, ub in zip(lin.names, lin.lb, lin.ub)]
-    for coefs, sense, rhs, _name in lin.rows:
-        expr = sum(c * v[i] for i, c in coefs.items())
-        if sense == "<=":
-            m.add(expr <= rhs)
-        elif sense == ">=":
-            m.add(expr >= rhs)
-        else:
-            m.add(expr == rhs)
-    m.minimize(sum(c * v[i] for i, c in lin.objective.items()))
+    m, v = cp_model_of(lin)
     for i, val in (hint or {}).items():
         m.add_hint(v[i], int(val))
     solver = cp_model.CpSolver()
@@ -103,7 +114,8 @@ def solve_cpsat_model(lin: LinearModel, *, time_limit: float, hint: dict[int, in
         bound = obj
     searched = min(solver.wall_time, solver.parameters.max_time_in_seconds)  # the rest is this call's fixed cost
     return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log="\n".join(lines),
-                          overhead_s=max(0.0, time.monotonic() - t0 - searched))
+                          overhead_s=max(0.0, time.monotonic() - t0 - searched),
+                          overrun_s=max(0.0, solver.wall_time - solver.parameters.max_time_in_seconds))
 
 
 def plan_cpsat(problem: PlanProblem, *, seed: int = 0, profile: Profile = DEFAULT_PROFILE,

@@ -87,7 +87,12 @@ SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the o
 # micro-batch terms P*(M-P+1) where a step has many micro-batches, at 1e-4 to 6.4e-4 s each: 7.4 s for
 # small-mixed's P = 2 at 10,000 micro-batches (19,998 terms), 8.4 s for its P = 8 (79,944), 5.6 s for
 # hexiscale-het3's P = 2 at 4,096 (8,190); they count twice. A model not built yet is charged that before
-# it is built; a built one what its calls took
+# it is built; a built one what its calls took. Since CP-SAT's model is written straight into its proto
+# (cpsat_plan.cp_model_of, 2026-12-07) the node-pair-heavy models cost 0.9-1.6e-4 s per term to build and
+# hand over (gen-64's P = 4 / 8 0.8 / 1.7 s, gen-256's P = 1 / 2 2.7 / 6.4 s, hexiscale-het3's P = 4 with
+# Llama-2 13B 1.2 s instead of 3.4 s), the micro-batch-heavy ones 0.2-3.9e-4 (small-mixed's P = 2 / 8 at
+# 10,000 micro-batches 1.0 / 3.1 s, hexiscale-het3's P = 2 at 4,096 8.0 s): one rate per term is a rough
+# charge either way, and this one is kept
 BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]

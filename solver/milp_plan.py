@@ -228,11 +228,12 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
     if hint:
         for i, val in hint.items():
             v[i].setInitialValue(val)
-    text = ""
+    text, overrun = "", 0.0
     if backend == "cbc":
         failed, text, tl = _run_cbc(prob, hint=bool(hint), end=end, seed=seed, gap_rel=gap_rel)
         wall = _CBC_WALL.findall(text)
         searched = min(tl, float(wall[-1])) if wall else tl  # CBC's own run (killed: none reported)
+        overrun = max(0.0, float(wall[-1]) - tl) if wall else 0.0
         if failed:  # no solution file: stopped (by its limit or by us at the deadline) before one, or broke
             status = "timeout" if failed == "time" else "error"
             return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "",
@@ -269,6 +270,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
         finally:
             os.unlink(path)
         h = prob.solverModel
+        overrun = max(0.0, h.getRunTime() - tl)  # root cut separation does not check HiGHS's clock (1.1 s on het2)
         searched = min(tl, h.getRunTime())
         info = h.getInfo()
         has = info.primal_solution_status == 2
@@ -284,7 +286,7 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
     obj = obj * TIME_UNIT if obj is not None else None
     bound = bound * TIME_UNIT if bound is not None else None
     return BackendOutcome(status=status, values=values, objective=obj, bound=bound, log=text if log else "",
-                          overhead_s=max(0.0, time.monotonic() - t0 - searched))
+                          overhead_s=max(0.0, time.monotonic() - t0 - searched), overrun_s=overrun)
 
 
 # building a P-model and its first call through PuLP, beyond the solver's search, per node-pair term

@@ -44,7 +44,10 @@ class BackendOutcome:
     "feasible" (stopped otherwise, not proven), "infeasible" (proven) or "error".
     ``bound`` is the backend's proven lower bound on the objective (None when it gives none).
     ``overhead_s``: seconds the call took beyond its search within the limit (handing the model
-    over, presolve past the limit), as the backend reports it (0 where it cannot tell)."""
+    over, presolve past the limit), as the backend reports it (0 where it cannot tell).
+    ``overrun_s``: seconds the solver's own run went past the search limit it was given (a phase that
+    does not check its clock: HiGHS's root cut separation, CP-SAT's presolve of a large model); part
+    of ``overhead_s``, and not a budget this side can keep."""
 
     status: str
     values: list[float] | None
@@ -52,6 +55,7 @@ class BackendOutcome:
     bound: float | None
     log: str = ""
     overhead_s: float = 0.0
+    overrun_s: float = 0.0
 
 
 @dataclass

@@ -16,7 +16,7 @@ from hexhelix.ir.cluster import Cluster
 from hexhelix.ir.model import PRESETS, ModelConfig, TrainingConfig
 from hexhelix.ir.plan import PipelinePlan, Plan, PlanProblem, StagePlan
 from hexhelix.solver.candidates import build_tables
-from hexhelix.solver.cpsat_plan import map_cpsat_status, solve_cpsat_model
+from hexhelix.solver.cpsat_plan import cp_model_of, map_cpsat_status, solve_cpsat_model
 from hexhelix.solver.evaluate import evaluate
 from hexhelix.solver.milp_plan import map_cbc_status, map_highs_status, solve_milp_model
 from hexhelix.solver.plan_formulation import LinearModel, build_plan_model
@@ -240,6 +240,26 @@ def test_shape_bound_is_a_valid_bound_on_the_pipeline_term(name: str) -> None:
     assert lb <= max(bf.evaluation.pipeline_times_s) * (1 + 1e-9)
 
 
+def test_the_cpsat_model_is_the_one_cpmodel_add_would_write() -> None:
+    """``cp_model_of`` writes each row straight into the proto (three times faster on large models); the
+    model must be exactly what adding the rows as expressions gives — same rows, variable order, domains
+    and objective — so the search, and with it the plans of a fixed seed, do not change."""
+    from ortools.sat.python import cp_model
+
+    pm = build_plan_model(build_tables(make_problem(gpus=(2, 2))), 2, 3, 1e6, cutoff_s=1.0)
+    lin = pm.lin
+    assert {sense for _, sense, _, _ in lin.rows} == {"<=", ">=", "=="}
+    ref = cp_model.CpModel()
+    v = [ref.new_int_var(lb, ub, name) for name, lb, ub in zip(lin.names, lin.lb, lin.ub)]
+    for coefs, sense, rhs, _name in lin.rows:
+        expr = sum(c * v[i] for i, c in coefs.items())
+        ref.add(expr <= rhs if sense == "<=" else expr >= rhs if sense == ">=" else expr == rhs)
+    ref.minimize(sum(c * v[i] for i, c in lin.objective.items()))
+    got, _ = cp_model_of(lin)
+    assert any(list(r[0]) != sorted(r[0]) for r in lin.rows)  # some rows list their variables out of order
+    assert str(got.proto) == str(ref.proto)
+
+
 def test_an_interrupted_cpsat_solve_stops_with_its_incumbent() -> None:
     """solve_cpsat_model polls ``interrupt`` while CP-SAT runs and stops once it says so: a random
     200-item, 10-constraint knapsack that one worker does not prove in 20 s comes back long before its
@@ -346,7 +366,10 @@ def test_cbc_is_stopped_at_its_wall_clock_limit(examples_dir) -> None:
 def test_a_milp_backend_call_is_done_by_its_time_limit(backend: str, examples_dir) -> None:
     """The time limit is the whole call's: building the PuLP model (~1.5 s for hexiscale-het2's two-pipeline
     model) and handing it over count, so the search gets the rest. A 10 s ``milp-cbc`` solve of het2 ran
-    12.0 s when they did not; a budget the conversion alone uses up returns a timeout at once."""
+    12.0 s when they did not; a budget the conversion alone uses up returns a timeout at once. HiGHS itself
+    may run past the limit it is given (highspy 1.16: its root cut separation does not check the clock,
+    1.1 s on this model; upstream ERGO-Code/HiGHS#1278): the call reports that as ``overrun_s``, and what
+    is left of the call must be within the budget."""
     from hexhelix.ir.cluster import load_cluster
 
     cl = load_cluster(examples_dir / "clusters" / "hexiscale-het2.yaml")
@@ -362,7 +385,8 @@ def test_a_milp_backend_call_is_done_by_its_time_limit(backend: str, examples_di
         if limit < 1.0:  # converting alone outlasts it: no search
             assert out.values is None and took < 10 * limit + 3.0
         else:
-            assert took < limit + 0.75, f"{backend} ran {took:.2f} s at a {limit} s limit"
+            assert 0.0 <= out.overrun_s < out.overhead_s + 1e-9
+            assert took - out.overrun_s < limit + 0.75, f"{backend} ran {took:.2f} s at a {limit} s limit"
 
 
 @pytest.mark.parametrize(("run_s", "expected"), [(0.0, "infeasible"), (None, "timeout")])
