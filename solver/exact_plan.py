@@ -244,6 +244,7 @@ class _ExactRun:
         self.models_exported = False
         self.seen: dict[int, set[tuple[int, ...]]] = {}
         self.fixed: dict[int, float] = {}  # P -> the most seconds a backend call of its model took beyond its search
+        self.overrun = 0.0  # seconds the backends' own runs went past the limits they were given, all calls
 
     def result(self, status: SolveStatus, plan: Plan | None, ev: Evaluation | None, bound: float | None,
                reason: str = "", log: str = "", objective: float = math.inf) -> SolveResult:
@@ -565,6 +566,7 @@ class _ExactRun:
             t_call = time.monotonic()
             out = self.backend(pm.lin, left, hint, lambda: self.job is not None and self.job.ready())
             self.fixed[P] = max(self.fixed.get(P, 0.0), out.overhead_s, time.monotonic() - t_call - left)
+            self.overrun += out.overrun_s
             attempted = True
             self.iterations += 1
             if out.log:
@@ -612,6 +614,7 @@ class _ExactRun:
         self.params.update({"pipelines_explored": sorted(bounds), "pipelines_max": pmax,
                             "iterations": self.iterations,
                             "sync_cuts": sum(pm.cuts for pm in self.models.values()),
+                            "backend_overrun_s": round(self.overrun, 3),
                             "pipelines_skipped": sorted(self.skipped),
                             "ticks_per_second": self.scale, "bound_by_pipelines": by_p})
         searched = {P: b for P, b in self.fluid.items() if P not in self.unsearched}

@@ -552,6 +552,27 @@ def test_a_backend_call_is_not_started_when_its_fixed_cost_would_outlast_the_tim
     assert len(calls) >= 4 and min(calls) > 0.3
 
 
+def test_the_seconds_a_backend_ran_past_its_own_limit_are_reported() -> None:
+    """A backend that runs past the limit it was given (HiGHS's root cut separation does not check its
+    clock) says so in ``overrun_s``; the solve adds them up in ``params['backend_overrun_s']``, so a user
+    can tell why a solve ended late."""
+    from hexhelix.solver import exact_plan
+
+    calls: list[float] = []
+
+    def late(lin: LinearModel, seconds: float, hint, interrupt) -> object:
+        out = solve_cpsat_model(lin, time_limit=seconds, hint=hint)
+        calls.append(seconds)
+        return dataclasses.replace(out, overrun_s=0.125)
+
+    res = exact_plan.solve_exact(make_problem(gpus=(3, 3), layers=6, gb=8), late, solver="cpsat", time_limit=5.0,
+                                 options={"fluid_bound": False, "shape_bound": False})
+    assert calls and res.params["backend_overrun_s"] == pytest.approx(0.125 * len(calls))
+    quiet = solve(make_problem(gpus=(3, 3), layers=6, gb=8), "cpsat", time_limit=5.0,
+                  options={"fluid_bound": False, "shape_bound": False})
+    assert 0.0 <= quiet.params["backend_overrun_s"] < 1.0
+
+
 def test_below_twenty_seconds_where_no_model_fits_the_heuristics_and_the_fluid_search_take_all_the_time(
         monkeypatch) -> None:
     """Below 20 s the fluid search runs in this process for 60 % of the time the warm start leaves, the
