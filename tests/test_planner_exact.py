@@ -260,6 +260,31 @@ def test_the_cpsat_model_is_the_one_cpmodel_add_would_write() -> None:
     assert str(got.proto) == str(ref.proto)
 
 
+def test_the_pulp_model_is_the_one_operator_expressions_would_build(tmp_path) -> None:
+    """``to_pulp`` builds each row from a (variable, coefficient) list (4.7 times faster than sums of
+    products); the LP file it writes must be byte for byte the one operator expressions give, time rows
+    rescaled alike, so CBC and HiGHS see the same model as before."""
+    import re
+
+    import pulp
+    from hexhelix.solver.milp_plan import TIME_UNIT, to_pulp
+
+    lin = build_plan_model(build_tables(make_problem(gpus=(2, 2))), 2, 3, 1e6, cutoff_s=1.0).lin
+    got, v = to_pulp(lin, name="m")
+    ref = pulp.LpProblem("m", pulp.LpMinimize)
+    ref += pulp.lpSum(c * v[i] for i, c in lin.objective.items())
+    for k, (coefs, sense, rhs, rname) in enumerate(lin.rows):
+        timed = any(lin.time[i] for i in coefs)
+        expr = pulp.lpSum((c if lin.time[i] or not timed else c / TIME_UNIT) * v[i] for i, c in coefs.items())
+        rhs = rhs / TIME_UNIT if timed else rhs
+        ref += ((expr <= rhs) if sense == "<=" else (expr >= rhs) if sense == ">=" else (expr == rhs),
+                f"c{k}_" + re.sub(r"[^A-Za-z0-9_]", "_", rname))
+    assert any(lin.time[i] for r in lin.rows for i in r[0]) and {r[1] for r in lin.rows} == {"<=", ">=", "=="}
+    got.writeLP(str(tmp_path / "got.lp"))
+    ref.writeLP(str(tmp_path / "ref.lp"))
+    assert (tmp_path / "got.lp").read_bytes() == (tmp_path / "ref.lp").read_bytes()
+
+
 def test_an_interrupted_cpsat_solve_stops_with_its_incumbent() -> None:
     """solve_cpsat_model polls ``interrupt`` while CP-SAT runs and stops once it says so: a random
     200-item, 10-constraint knapsack that one worker does not prove in 20 s comes back long before its
@@ -495,7 +520,7 @@ def test_compare_starts_the_exact_solvers_from_the_best_heuristic_plan(examples_
 @pytest.mark.parametrize("backend", ["highs", "cbc"])
 def test_a_milp_call_reports_the_seconds_it_spent_beyond_its_solver_run(backend: str) -> None:
     """CBC and HiGHS run through PuLP, whose model building and hand-over cost seconds outside the
-    solver's limit (13 s on hexiscale-het3's six-pipeline model at any limit): the call reports them
+    solver's limit (1.5 s on hexiscale-het3's six-pipeline model at any limit): the call reports them
     (``overhead_s``, part of the call's wall time), so the exact planner does not start a call whose
     overhead outlasts the time left."""
     pb = make_problem(gpus=(3, 3), layers=6, gb=8)
