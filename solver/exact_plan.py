@@ -87,12 +87,14 @@ SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the o
 # micro-batch terms P*(M-P+1) where a step has many micro-batches, at 1e-4 to 6.4e-4 s each: 7.4 s for
 # small-mixed's P = 2 at 10,000 micro-batches (19,998 terms), 8.4 s for its P = 8 (79,944), 5.6 s for
 # hexiscale-het3's P = 2 at 4,096 (8,190); they count twice. A model not built yet is charged that before
-# it is built; a built one what its calls took. Since CP-SAT's model is written straight into its proto
-# (cpsat_plan.cp_model_of, 2026-12-07) the node-pair-heavy models cost 0.9-1.6e-4 s per term to build and
-# hand over (gen-64's P = 4 / 8 0.8 / 1.7 s, gen-256's P = 1 / 2 2.7 / 6.4 s, hexiscale-het3's P = 4 with
-# Llama-2 13B 1.2 s instead of 3.4 s), the micro-batch-heavy ones 0.2-3.9e-4 (small-mixed's P = 2 / 8 at
-# 10,000 micro-batches 1.0 / 3.1 s, hexiscale-het3's P = 2 at 4,096 8.0 s): one rate per term is a rough
-# charge either way, and this one is kept
+# it is built; a built one what its calls took. Since the models hold used[p,k] and m_p − 1 once
+# (plan_formulation, 3.8-5.1x fewer nonzeros) and CP-SAT's model is written straight into its proto
+# (cpsat_plan.cp_model_of; both 2026-12-07), building and handing over costs 0.14-0.84e-4 s per term:
+# gen-64's P = 4 / 8 0.6 / 1.2 s, gen-256's P = 1 / 2 1.2 / 2.2 s, hexiscale-het3's P = 2 at 4,096
+# micro-batches 1.0 s (8.0 s before), its P = 4 with Llama-2 13B 0.8 s. The rate is kept all the same:
+# it also decides whether a short solve leaves the P-models out and gives the fluid search all its time
+# (params['models_fit']), and at 1.2e-4 the 10 s cpsat solves of the goal's clusters ended with the same
+# gaps (scratch runs, 2026-12-07): that decision would better be a rule of its own (not built)
 BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
