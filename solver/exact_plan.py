@@ -87,11 +87,11 @@ SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the o
 # micro-batch terms P*(M-P+1) where a step has many micro-batches, at 1e-4 to 6.4e-4 s each: 7.4 s for
 # small-mixed's P = 2 at 10,000 micro-batches (19,998 terms), 8.4 s for its P = 8 (79,944), 5.6 s for
 # hexiscale-het3's P = 2 at 4,096 (8,190); they count twice. A model not built yet is charged that before
-# it is built; a built one what its calls took. Since the models hold used[p,k] and m_p − 1 once
-# (plan_formulation, 3.8-5.1x fewer nonzeros) and CP-SAT's model is written straight into its proto
-# (cpsat_plan.cp_model_of; both 2026-12-07), building and handing over costs 0.14-0.84e-4 s per term:
-# gen-64's P = 4 / 8 0.6 / 1.2 s, gen-256's P = 1 / 2 1.2 / 2.2 s, hexiscale-het3's P = 2 at 4,096
-# micro-batches 1.0 s (8.0 s before), its P = 4 with Llama-2 13B 0.8 s. The rate is kept all the same:
+# it is built; a built one what its calls took. Since the models hold m_p − 1 once (plan_formulation) and
+# CP-SAT's model is written straight into its proto (cpsat_plan.cp_model_of; both 2026-12-07), building
+# and handing over costs 0.5-1.5e-4 s per term: gen-64's P = 8 1.8 s, gen-256's P = 2 4.5 s,
+# hexiscale-het3's P = 2 at 4,096 micro-batches 1.0 s (8.0 s before), its P = 4 with Llama-2 13B 1.3 s
+# (3.4 s). The rate is kept all the same:
 # it also decides whether a short solve leaves the P-models out and gives the fluid search all its time
 # (params['models_fit']), and at 1.2e-4 the 10 s cpsat solves of the goal's clusters ended with the same
 # gaps (scratch runs, 2026-12-07): that decision would better be a rule of its own (not built)

@@ -293,9 +293,9 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
 # P*K*nodes^2 (exact_plan.BUILD_AND_CALL_S_PER_TERM for CP-SAT: 3.3e-4): HiGHS / CBC at a 0.5 s limit
 # 1.04 / 1.15 ms on gen-64's P = 4, 1.12 / 1.09 ms on hexiscale-het3's P = 6, 1.14 / 1.54 ms on its P = 2,
 # 1.92 ms (HiGHS) on hexiscale-het1's P = 4 (2026-12-06, this 2-core machine; CP-SAT 0.30-0.42 ms there).
-# Since to_pulp builds rows from (variable, coefficient) lists and the models hold s and m_p − 1 once
-# (2026-12-07): 0.09-0.26 ms on those four, 0.02-0.05 ms where micro-batches dominate (hexiscale-het3's P = 2
-# at 4,096: 0.9 s through HiGHS, 17.8 s before). The rate is kept: it also decides whether a short solve
+# Since to_pulp builds rows from (variable, coefficient) lists and the models hold m_p − 1 once
+# (2026-12-07): 0.13-0.56 ms on those four (measured with rows from lists alone), 0.06 ms where micro-batches
+# dominate (hexiscale-het3's P = 2 at 4,096: 1.2 s through HiGHS, 17.8 s before). The rate is kept: it also decides whether a short solve
 # gives the fluid search all its time, and at 4e-4 the P-models' share made hexiscale-het3's 10 s
 # milp-highs solve end at 51 % instead of 37 % (scratch runs, 2026-12-07)
 PULP_BUILD_AND_CALL_S_PER_TERM = 2.0e-3

@@ -194,7 +194,6 @@ class _Vars:
     mmax: int
     u_hi: int
     x: dict[tuple[int, int, int], int]
-    used: dict[tuple[int, int], int]  # Σ_c x[p,k,c], once: the rows that ask whether a stage exists hold one term
     y: dict[tuple[int, int, int], int]
     mb: dict[tuple[int, int], int]
     lay: dict[tuple[int, int, int], int]
@@ -208,8 +207,8 @@ class _Vars:
     t_opt: int
 
     def s(self, p: int, k: int) -> dict[int, int]:
-        """Stage k of pipeline p is used: used[p,k] = Σ_c x[p,k,c] (empty past the last slot)."""
-        return {self.used[p, k]: 1} if k < self.K else {}
+        """Stage k of pipeline p is used: Σ_c x[p,k,c] (empty past the last slot)."""
+        return {self.x[p, k, c]: 1 for c in range(self.C)} if k < self.K else {}
 
     def last(self, p: int, k: int) -> dict[int, int]:
         """Stage k is the last one: s[k] − s[k+1]."""
@@ -249,7 +248,6 @@ def _variables(lin: LinearModel, tables: CostTables, P: int, K: int, scale: floa
     tk = lambda s: math.floor(s * scale)  # noqa: E731  (floor: the model stays a relaxation)
 
     x = {(p, k, c): lin.var(f"x[{p},{k},{c}]", 0, 1) for p in range(P) for k in range(K) for c in range(C)}
-    used = {(p, k): lin.var(f"used[{p},{k}]", 0, 1, integer=False) for p in range(P) for k in range(K)}
     y = {(p, k, c): lin.var(f"y[{p},{k},{c}]", 0, L) for p in range(P) for k in range(K) for c in range(C)}
     mmax = M - (P - 1)
     mb = {(p, v): lin.var(f"mb[{p},{v}]", 0, 1) for p in range(P) for v in range(2, mmax + 1)}
@@ -270,8 +268,8 @@ def _variables(lin: LinearModel, tables: CostTables, P: int, K: int, scale: floa
     t_sync = lin.var("T_sync", 0, t_hi, integer=False, time=True)
     t_opt = lin.var("T_opt", 0, t_hi, integer=False, time=True)
     lin.objective = {t_pipe: 1, t_sync: 1, t_opt: 1}
-    return _Vars(tables=tables, tk=tk, P=P, K=K, L=L, C=C, M=M, mmax=mmax, u_hi=u_hi, x=x, used=used, y=y, mb=mb,
-                 lay=lay, hl=hl, u=u, U=U, w=w, comm=comm, t_pipe=t_pipe, t_sync=t_sync, t_opt=t_opt)
+    return _Vars(tables=tables, tk=tk, P=P, K=K, L=L, C=C, M=M, mmax=mmax, u_hi=u_hi, x=x, y=y, mb=mb, lay=lay, hl=hl,
+                 u=u, U=U, w=w, comm=comm, t_pipe=t_pipe, t_sync=t_sync, t_opt=t_opt)
 
 
 def _add_assignment(lin: LinearModel, mv: _Vars) -> dict[int, dict[int, int]]:
@@ -280,8 +278,8 @@ def _add_assignment(lin: LinearModel, mv: _Vars) -> dict[int, dict[int, int]]:
     x, P, K, tables = mv.x, mv.P, mv.K, mv.tables
     for p in range(P):
         lin.add(mv.s(p, 0), "==", 1, f"first_stage[{p}]")
-        for k in range(K):  # one option per stage: used[p,k] ≤ 1 is its bound
-            lin.add({mv.used[p, k]: 1, **{x[p, k, c]: -1 for c in range(mv.C)}}, "==", 0, f"one_option[{p},{k}]")
+        for k in range(K):
+            lin.add(mv.s(p, k), "<=", 1, f"one_option[{p},{k}]")
             if k + 1 < K:
                 lin.add({**mv.s(p, k), **{i: -1 for i in mv.s(p, k + 1)}}, ">=", 0, f"prefix[{p},{k}]")
     cl = tables.problem.cluster
@@ -445,7 +443,7 @@ def _add_memory(lin: LinearModel, mv: _Vars) -> None:
                         row = {y[p, k, c]: 1, x[p, k, c]: L}
                         rhs = lm + L
                         if sched == "1f1b" and v > 1:
-                            for i in mv.s(p, k + v - 1):
+                            for i in (x[p, k + v - 1, c2] for c2 in range(len(tables.options))):
                                 row[i] = row.get(i, 0) + L
                             rhs += L
                         if v > 1:

@@ -240,12 +240,11 @@ def test_shape_bound_is_a_valid_bound_on_the_pipeline_term(name: str) -> None:
     assert lb <= max(bf.evaluation.pipeline_times_s) * (1 + 1e-9)
 
 
-def test_rows_that_ask_for_a_stage_or_a_micro_batch_count_hold_it_as_one_variable() -> None:
-    """A P-model's memory rows (every option, position and in-flight count) and work-bound envelope rows
-    (every option) ask whether a stage exists and what m_p is: they hold used[p,k] and m_extra[p], each
-    defined once, instead of the sums over options and micro-batches — so their length does not grow
-    with the micro-batch count or the options (at 64 micro-batches the sums were 45 % of hexiscale-het1's
-    P = 4 model, at 4,096 most of a model that took 8 s to build)."""
+def test_the_work_bound_rows_hold_the_micro_batch_count_as_one_variable() -> None:
+    """A P-model's work-bound envelope rows (every stage slot and option) need m_p: they hold m_extra[p],
+    defined once, instead of the sum of the micro-batch binaries — so their length does not grow with the
+    micro-batch count (at 64 micro-batches the sums were 45 % of hexiscale-het1's P = 4 model, at 4,096
+    most of a model that took 8 s to build)."""
     for gb in (8, 400):
         pm = build_plan_model(build_tables(make_problem(gpus=(3, 3), layers=6, gb=gb)), 2, 4, 1e6)
         longest: dict[str, int] = {}
@@ -253,7 +252,6 @@ def test_rows_that_ask_for_a_stage_or_a_micro_batch_count_hold_it_as_one_variabl
             block = name.split("[")[0]
             longest[block] = max(longest.get(block, 0), len(coefs))
         assert longest["work_mc1"] == longest["work_mc2"] == 3
-        assert longest["memory"] <= 6  # y, x, used of stage k+v-1, mb[p,v], used[p,k] and used[p,k+1]
         assert longest["m_extra"] == 1 + len(pm.mb) // 2  # the one row per pipeline that sums its mb
 
 
