@@ -91,9 +91,8 @@ SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the o
 # CP-SAT's model is written straight into its proto (cpsat_plan.cp_model_of; both 2026-12-07), building
 # and handing over costs 0.5-1.5e-4 s per term: gen-64's P = 8 1.8 s, gen-256's P = 2 4.5 s,
 # hexiscale-het3's P = 2 at 4,096 micro-batches 1.0 s (8.0 s before), its P = 4 with Llama-2 13B 1.3 s
-# (3.4 s). The rate is kept all the same:
-# it also decides whether a short solve leaves the P-models out and gives the fluid search all its time
-# (params['models_fit']), and at 1.2e-4 the 10 s cpsat solves of the goal's clusters ended with the same
+# (3.4 s). The rate is kept all the same: it also decides whether a short solve leaves the P-models out
+# and gives the fluid search all its time (params['models_fit']), and at 1.2e-4 the 10 s cpsat solves of the goal's clusters ended with the same
 # gaps (scratch runs, 2026-12-07): that decision would better be a rule of its own (not built)
 BUILD_AND_CALL_S_PER_TERM = 3.3e-4
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)

@@ -232,8 +232,8 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
     if backend == "cbc":
         failed, text, tl = _run_cbc(prob, hint=bool(hint), end=end, seed=seed, gap_rel=gap_rel)
         wall = _CBC_WALL.findall(text)
-        searched = min(tl, float(wall[-1])) if wall else tl  # CBC's own run (killed: none reported)
-        overrun = max(0.0, float(wall[-1]) - tl) if wall else 0.0
+        ran = float(wall[-1]) if wall else tl  # CBC's own run (killed: none reported)
+        searched, overrun = min(tl, ran), max(0.0, ran - tl)
         if failed:  # no solution file: stopped (by its limit or by us at the deadline) before one, or broke
             status = "timeout" if failed == "time" else "error"
             return BackendOutcome(status=status, values=None, objective=None, bound=None, log=text if log else "",
@@ -295,9 +295,9 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
 # 1.92 ms (HiGHS) on hexiscale-het1's P = 4 (2026-12-06, this 2-core machine; CP-SAT 0.30-0.42 ms there).
 # Since to_pulp builds rows from (variable, coefficient) lists and the models hold m_p − 1 once
 # (2026-12-07): 0.13-0.56 ms on those four (measured with rows from lists alone), 0.06 ms where micro-batches
-# dominate (hexiscale-het3's P = 2 at 4,096: 1.2 s through HiGHS, 17.8 s before). The rate is kept: it also decides whether a short solve
-# gives the fluid search all its time, and at 4e-4 the P-models' share made hexiscale-het3's 10 s
-# milp-highs solve end at 51 % instead of 37 % (scratch runs, 2026-12-07)
+# dominate (hexiscale-het3's P = 2 at 4,096: 1.2 s through HiGHS, 17.8 s before). The rate is kept: it also
+# decides whether a short solve gives the fluid search all its time, and at 4e-4 the P-models' share made
+# hexiscale-het3's 10 s milp-highs solve end at 51 % instead of 37 % (scratch runs, 2026-12-07)
 PULP_BUILD_AND_CALL_S_PER_TERM = 2.0e-3
 
 
