@@ -95,6 +95,11 @@ SINGLE_PIPELINE_SHARE = 0.05  # of the time left after the warm start, for the o
 # and gives the fluid search all its time (params['models_fit']), and at 1.2e-4 the 10 s cpsat solves of the goal's clusters ended with the same
 # gaps (scratch runs, 2026-12-07): that decision would better be a rule of its own (not built)
 BUILD_AND_CALL_S_PER_TERM = 3.3e-4
+# a pass over the unproven pipeline counts gives each a share of its time in proportion to its gap to the
+# incumbent, at least this share of the largest gap: the bound is the least over P, and even shares had spent
+# 41 s of a 120 s solve of hexiscale-het2 with LLaMA 30B on P = 1, 0.3 % under the incumbent, while P = 3
+# (3.8 % under) went unproven
+GAP_WEIGHT_FLOOR = 0.2
 # (model, seconds, hint, interrupt): a backend may stop early once interrupt() is True (CP-SAT does)
 Backend = Callable[[LinearModel, float, "dict[int, int] | None", "Callable[[], bool] | None"], BackendOutcome]
 
@@ -236,6 +241,7 @@ class _ExactRun:
         self.terms: dict[tuple[int, float], float] = {}  # (P, rate) -> the term-by-term floor (_floor)
         self.proven: dict[int, bool] = {}
         self.job: FluidJob | None = None
+        self.child_counts: frozenset[int] | None = None  # the pipeline counts the child searches (None: all)
         self.logs: list[str] = []
         self.iterations = 0
         self.models: dict[int, Any] = {}
@@ -377,6 +383,7 @@ class _ExactRun:
             plan, t, keep = self._fluid_seed(self.best[0]), self.best[1].iteration_time_s, self.view is None
             if parallel:  # on a second core, for the whole time limit, while the exact models run here
                 self.solve_deadline = self.deadline - FLUID_COLLECT_S
+                self.child_counts = theirs if split else None
                 self.job = start_fluid(tables, pmax, t, plan, self.solve_deadline,
                                        only=theirs if split else (mine | theirs) if settled else None, keep_plan=keep)
             else:
@@ -421,6 +428,12 @@ class _ExactRun:
             self.take_fluid(self.job.collect())
             self.settle_fluid()
             self.job = None
+
+    def _child_answered_on(self, P: int) -> bool:
+        """Whether the fluid child, searching P, has answered: a P-model's solve stops to take it in. One
+        on a P the child does not search goes on (hexiscale-het2 with LLaMA 30B: P = 3's proof had been cut
+        off 15 s in, when the child answered on the even counts)."""
+        return self.job is not None and (self.child_counts is None or P in self.child_counts) and self.job.ready()
 
     def _beside_child(self, unfinished: list[Plan]) -> None:
         """While the child searches bounds on the second core, improve the incumbent here: plans of
@@ -496,7 +509,8 @@ class _ExactRun:
                 remaining = until - time.monotonic()
                 if remaining <= 0.05:
                     break
-                outcome = self._model_pass(P, until, remaining, time.monotonic() + remaining / (len(todo) - idx))
+                outcome = self._model_pass(P, until, remaining, time.monotonic() + remaining * self._weight(P) / sum(
+                    self._weight(Q) for Q in todo[idx:] if not self.proven.get(Q, False)))
                 if outcome is None:
                     continue
                 attempted = attempted or outcome
@@ -505,6 +519,16 @@ class _ExactRun:
                             self.models[P].cuts)
             if not progress_made and (until - time.monotonic() <= 0.05 or not attempted):
                 break
+
+    def _weight(self, P: int) -> float:
+        """P's weight in a pass's time: its own gap to the incumbent, at least GAP_WEIGHT_FLOOR of the
+        largest one (the bound is the least over P, so time on a P already near the incumbent buys little)."""
+        inc = self.incumbent_s
+        if inc is None:
+            return 1.0
+        gaps = {Q: max(0.0, inc - (self.bounds[Q] if Q in self.bounds else self._floor(Q))) / inc for Q in self.p_values}
+        top = max(gaps.values(), default=0.0)
+        return max(gaps[P], GAP_WEIGHT_FLOOR * top, 1e-9)
 
     def _model_size(self, P: int) -> tuple[int, int, int]:
         """P's model: stage slots K per pipeline, node-pair and micro-batch terms, estimated rows."""
@@ -565,7 +589,7 @@ class _ExactRun:
                 break
             # a fluid child that has answered may prove this P: stop the solve to take it in
             t_call = time.monotonic()
-            out = self.backend(pm.lin, left, hint, lambda: self.job is not None and self.job.ready())
+            out = self.backend(pm.lin, left, hint, lambda: self._child_answered_on(P))
             self.fixed[P] = max(self.fixed.get(P, 0.0), out.overhead_s, time.monotonic() - t_call - left)
             self.overrun += out.overrun_s
             attempted = True

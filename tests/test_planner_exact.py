@@ -684,3 +684,56 @@ def test_the_memory_rows_in_flight_are_where_the_layer_limit_drops(examples_dir,
     assert drops == [_scanned_drops(tables, c, first, last) for c in range(len(tables.options))
                      for first in (False, True) for last in (False, True)]
     assert any(len(d) > 2 for d in drops)     # the limit drops more than once somewhere: the search is exercised
+
+
+def _run_with_bounds(bounds: dict[int, float], incumbent_s: float):
+    """An exact run stopped before its passes, with these per-P bounds and an incumbent of that time."""
+    from types import SimpleNamespace
+
+    from hexhelix.ir.profile import DEFAULT_PROFILE
+    from hexhelix.solver import exact_plan
+
+    run = exact_plan._ExactRun(make_problem(), solve_cpsat_model, "cpsat", 0, DEFAULT_PROFILE, 10.0, {},
+                               exact_plan.BUILD_AND_CALL_S_PER_TERM)
+    run.best = (None, SimpleNamespace(iteration_time_s=incumbent_s))
+    run.p_values, run.rate, run.bounds = sorted(bounds), 0.0, dict(bounds)
+    run.models = {P: SimpleNamespace(cuts=0) for P in bounds}
+    return run
+
+
+def test_a_pass_gives_each_pipeline_count_time_in_proportion_to_its_gap() -> None:
+    """The bound is the least over the pipeline counts, so a pass gives each unproven P a share of its
+    time in proportion to its gap to the incumbent, at least a fifth of the largest gap's: with the
+    incumbent at 10 s and bounds 9.97 / 9.62 / 9.90 s (gaps 0.3 / 3.8 / 1 %), P = 1 gets 0.76 / 5.56 of
+    the pass (its weight raised to a fifth of 3.8 %), then P = 2 3.8 / 4.8 of what is left."""
+    from hexhelix.solver import exact_plan
+
+    run = _run_with_bounds({1: 9.97, 2: 9.62, 3: 9.90}, 10.0)
+    shares: dict[int, float] = {}
+
+    def one_pass(P: int, until: float, remaining: float, p_deadline: float) -> bool:
+        shares[P] = (p_deadline - time.monotonic()) / (until - time.monotonic())
+        run.proven[P] = True
+        return True
+
+    run._model_pass = one_pass
+    run.model_passes(time.monotonic() + 100.0)
+    floor = exact_plan.GAP_WEIGHT_FLOOR * 0.038
+    assert shares[1] == pytest.approx(floor / (floor + 0.038 + 0.010), abs=1e-3)
+    assert shares[2] == pytest.approx(0.038 / (0.038 + 0.010), abs=1e-3)
+    assert shares[3] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_solve_stops_for_the_fluid_child_only_on_a_pipeline_count_the_child_searches() -> None:
+    """With the counts split (the child the even ones), a P-model's solve of an odd count is not cut
+    off when the child answers: its answer cannot settle that P, and the search so far would be lost."""
+    from types import SimpleNamespace
+
+    run = _run_with_bounds({1: 9.0, 2: 9.0, 3: 9.0, 4: 9.0}, 10.0)
+    run.job = SimpleNamespace(ready=lambda: True)
+    run.child_counts = frozenset({2, 4})
+    assert [run._child_answered_on(P) for P in (1, 2, 3, 4)] == [False, True, False, True]
+    run.child_counts = None  # not split: the child searches every count
+    assert all(run._child_answered_on(P) for P in (1, 2, 3, 4))
+    run.job = SimpleNamespace(ready=lambda: False)
+    assert not any(run._child_answered_on(P) for P in (1, 2, 3, 4))
