@@ -509,8 +509,9 @@ class _ExactRun:
                 remaining = until - time.monotonic()
                 if remaining <= 0.05:
                     break
-                outcome = self._model_pass(P, until, remaining, time.monotonic() + remaining * self._weight(P) / sum(
-                    self._weight(Q) for Q in todo[idx:] if not self.proven.get(Q, False)))
+                weights = self._weights([Q for Q in todo[idx:] if not self.proven.get(Q, False)])
+                outcome = self._model_pass(P, until, remaining,
+                                           time.monotonic() + remaining * weights[P] / sum(weights.values()))
                 if outcome is None:
                     continue
                 attempted = attempted or outcome
@@ -520,15 +521,17 @@ class _ExactRun:
             if not progress_made and (until - time.monotonic() <= 0.05 or not attempted):
                 break
 
-    def _weight(self, P: int) -> float:
-        """P's weight in a pass's time: its own gap to the incumbent, at least GAP_WEIGHT_FLOOR of the
-        largest one (the bound is the least over P, so time on a P already near the incumbent buys little)."""
+    def _weights(self, counts: list[int]) -> dict[int, float]:
+        """The weights of ``counts`` (the rest of a pass) in its time: each P's gap to the incumbent, at
+        least GAP_WEIGHT_FLOOR of the largest over every modelled P (the bound is the least over P, so time
+        on a P already near the incumbent buys little); even without an incumbent."""
         inc = self.incumbent_s
         if inc is None:
-            return 1.0
-        gaps = {Q: max(0.0, inc - (self.bounds[Q] if Q in self.bounds else self._floor(Q))) / inc for Q in self.p_values}
-        top = max(gaps.values(), default=0.0)
-        return max(gaps[P], GAP_WEIGHT_FLOOR * top, 1e-9)
+            return dict.fromkeys(counts, 1.0)
+        gaps = {P: max(0.0, inc - (self.bounds[P] if P in self.bounds else self._floor(P))) / inc
+                for P in self.p_values}
+        floor = max(GAP_WEIGHT_FLOOR * max(gaps.values(), default=0.0), 1e-9)
+        return {P: max(gaps[P], floor) for P in counts}
 
     def _model_size(self, P: int) -> tuple[int, int, int]:
         """P's model: stage slots K per pipeline, node-pair and micro-batch terms, estimated rows."""
