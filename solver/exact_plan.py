@@ -493,7 +493,7 @@ class _ExactRun:
 
     def model_passes(self, until: float) -> None:
         """Passes over the unproven pipeline counts, each P-model solved (and cut) in its share of the
-        time to ``until``, until all are proven or the time is up."""
+        time to ``until`` (by its gap, :meth:`_weights`), until all are proven or the time is up."""
         while True:
             todo = [P for P in self.p_values if not self.proven.get(P, False) and P not in self.skipped]
             if not todo or until - time.monotonic() <= 0.05:
