@@ -2,22 +2,27 @@
 
 The same backend-neutral :class:`~.plan_formulation.LinearModel` the CP-SAT backend solves is
 written as a PuLP problem (time variables continuous: with integer coefficients their optimum is
-integral anyway) and solved by CBC (``PULP_CBC_CMD``) or HiGHS (``pulp.HiGHS``, in process through
-highspy). Each backend's status is mapped in one tested function, because PuLP's own ``status``
-says "Optimal" for a CBC incumbent stopped by the time limit (only ``sol_status`` tells) and its
-HiGHS class hides the time limit behind the same code; we read HiGHS's own model status instead.
+integral anyway) and solved by CBC (``PULP_CBC_CMD``, a subprocess) or HiGHS (``pulp.HiGHS``
+through highspy, in a forked child); neither checks its clock in every phase, so both are killed
+just after the call's time limit. Each backend's status is mapped in one tested function, because
+PuLP's own ``status`` says "Optimal" for a CBC incumbent stopped by the time limit (only
+``sol_status`` tells) and its HiGHS class hides the time limit behind the same code; we read
+HiGHS's own model status instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing as mp
 import os
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from hexhelix.ir.errors import SolverError
@@ -130,12 +135,15 @@ _CBC_WALL = re.compile(r"Total time \(CPU seconds\):.*\(Wallclock seconds\):\s+(
 
 
 # CBC checks its -sec only between phases (root LP, MIP start: 32 s at -sec 1 on hexiscale-het1's 31k-row model),
-# so it is killed CBC_KILL_GRACE_S after the call's budget (plan_formulation.SEARCH_RESERVE); below MIN_SEARCH_S
+# so it is killed KILL_GRACE_S after the call's budget (plan_formulation.SEARCH_RESERVE); below MIN_SEARCH_S
 # of search a call does not start one. Before (floors of 1 s on the search and 2 s of grace past it), a 10 s
 # `milp-cbc` solve of hexiscale-het2 ran 12.0 s: its P = 2 call had 2.6 s left, spent 2 s converting and
 # writing, gave CBC -sec 0.6 and killed it 2.6 s later (2026-12-07). HiGHS's own clock starts after PuLP hands
 # the model over (0.18 s after a 1.42 s conversion there): that is charged at HIGHS_HANDOVER of the conversion.
-MIN_SEARCH_S, CBC_KILL_GRACE_S, HIGHS_HANDOVER = 0.05, 0.1, 0.2
+# HiGHS does not check its clock in root cut separation either (1.1-1.7 s past limits of 4-6 s on hexiscale-het2's
+# P = 2 model; its interrupt callbacks are not reached there, 2026-12-07), so it runs in a forked child that is
+# killed KILL_GRACE_S after the call's budget, as CBC is (in this process where fork is unavailable).
+MIN_SEARCH_S, KILL_GRACE_S, HIGHS_HANDOVER = 0.05, 0.1, 0.2
 
 
 CBC_PROOF_SHARE = 0.9
@@ -157,7 +165,7 @@ def cbc_infeasible_is_proof(wall_s: float | None, sec: float) -> bool:
 def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) -> tuple[str, str, float]:
     """Solve ``prob`` with PuLP's bundled CBC binary, done by ``end`` (monotonic): CBC's own -sec is
     what writing its files leaves (:func:`.plan_formulation.search_seconds`), and a run still going
-    :data:`CBC_KILL_GRACE_S` after ``end`` is killed. The problem's variables get CBC's values. Returns
+    :data:`KILL_GRACE_S` after ``end`` is killed. The problem's variables get CBC's values. Returns
     (failure, log, -sec given): failure is "" on a solution file, "time" when stopped without one (or
     no time was left to start CBC), "error" when CBC failed."""
     import subprocess
@@ -186,7 +194,7 @@ def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) ->
         with open(log_path, "w") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
-                proc.wait(timeout=max(0.0, end - time.monotonic()) + CBC_KILL_GRACE_S)
+                proc.wait(timeout=max(0.0, end - time.monotonic()) + KILL_GRACE_S)
                 killed = False
             except subprocess.TimeoutExpired:
                 proc.kill()
@@ -203,6 +211,68 @@ def _run_cbc(prob: Any, *, hint: bool, end: float, seed: int, gap_rel: float) ->
     prob.assignVarsVals(values)
     prob.assignStatus(status, sol_status)
     return "", text, left
+
+
+@dataclass(frozen=True, slots=True)
+class _HighsRun:
+    """What one HiGHS run reports back (from a forked child or this process)."""
+
+    model_status: str = ""
+    runtime: float = 0.0
+    has_solution: bool = False
+    objective: float | None = None
+    dual_bound: float | None = None
+    values: tuple[float | None, ...] = ()
+    error: str = ""
+
+
+def _highs_in_process(prob: Any, v: list[Any], solver: Any) -> _HighsRun:
+    with quiet_stdout():
+        prob.solve(solver)
+    h = prob.solverModel
+    info = h.getInfo()
+    has = info.primal_solution_status == 2
+    return _HighsRun(model_status=str(h.getModelStatus()), runtime=h.getRunTime(), has_solution=has,
+                     objective=info.objective_function_value if has else None, dual_bound=info.mip_dual_bound,
+                     values=tuple(x.varValue for x in v) if has else ())
+
+
+def _highs_child(conn: Connection, prob: Any, v: list[Any], solver: Any) -> None:
+    try:
+        import highspy
+
+        highspy.Highs.resetGlobalScheduler(True)  # the parent's scheduler (its thread count, its workers) is not ours
+        conn.send(_highs_in_process(prob, v, solver))
+    except Exception as err:  # anything HiGHS or PuLP raises goes back as a message
+        conn.send(_HighsRun(error=f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
+
+
+def _run_highs(prob: Any, v: list[Any], solver: Any, *, kill_at: float) -> _HighsRun | None:
+    """Run HiGHS on ``prob`` in a forked child, killed at ``kill_at`` (monotonic) if it has not answered:
+    None then. In this process (no kill) where fork is unavailable or this is a daemonic process."""
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+        return _highs_in_process(prob, v, solver)
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_highs_child, args=(child, prob, v, solver), daemon=True, name="hexhelix-highs")
+    proc.start()
+    child.close()
+    try:
+        if parent.poll(max(0.0, kill_at - time.monotonic())):
+            try:
+                run = parent.recv()
+            except (EOFError, OSError) as err:  # the child died without sending
+                run = _HighsRun(error=f"its process exited without a result ({type(err).__name__})")
+            proc.join(timeout=1.0)  # let it close its log file
+            return run
+        return None
+    finally:
+        parent.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=5.0)
 
 
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
@@ -263,24 +333,34 @@ def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: fl
                                 **({"log_file": path} if log else {}))
             if not solver.available():
                 raise SolverError("HiGHS is not available (pip install highspy)")
-            with quiet_stdout():
-                prob.solve(solver)
+            t_start = time.monotonic()
+            run = _run_highs(prob, v, solver, kill_at=end + KILL_GRACE_S)
             with open(path) as fh:
                 text = fh.read()
         finally:
             os.unlink(path)
-        h = prob.solverModel
-        overrun = max(0.0, h.getRunTime() - tl)  # root cut separation does not check HiGHS's clock (1.1 s on het2)
-        searched = min(tl, h.getRunTime())
-        info = h.getInfo()
-        has = info.primal_solution_status == 2
-        status = map_highs_status(str(h.getModelStatus()), has)
-        obj = info.objective_function_value if has else None
-        bound = info.mip_dual_bound if status in ("optimal", "timeout") else None
+        if run is None:  # killed at the deadline: no solution, no bound from this call
+            ran = time.monotonic() - t_start
+            return BackendOutcome(status="timeout", values=None, objective=None, bound=None,
+                                  log=(text + f"\n(hexhelix: HiGHS killed {ran:.1f} s after its start, its limit "
+                                              f"{tl:.2f} s and the call's time limit passed)\n") if log else "",
+                                  overhead_s=max(0.0, time.monotonic() - t0 - tl), overrun_s=max(0.0, ran - tl))
+        if run.error:  # HiGHS or PuLP raised, or the child died: this call gives nothing
+            return BackendOutcome(status="error", values=None, objective=None, bound=None,
+                                  log=text + f"\n(hexhelix: HiGHS failed: {run.error})\n" if log else "",
+                                  overhead_s=max(0.0, time.monotonic() - t0 - tl))
+        overrun = max(0.0, run.runtime - tl)
+        searched = min(tl, run.runtime)
+        has = run.has_solution
+        status = map_highs_status(run.model_status, has)
+        obj = run.objective if has else None
+        bound = run.dual_bound if status in ("optimal", "timeout") else None
         if bound is not None and not math.isfinite(bound):
             bound = None
         if status == "optimal" and bound is None:
             bound = obj
+        for x, val in zip(v, run.values):
+            x.varValue = val
     values = ([float(x.varValue or 0.0) * (TIME_UNIT if t else 1.0) for x, t in zip(v, lin.time)]
               if has else None)
     obj = obj * TIME_UNIT if obj is not None else None
