@@ -227,6 +227,7 @@ class _HighsRun:
 
 
 def _highs_in_process(prob: Any, v: list[Any], solver: Any) -> _HighsRun:
+    """Solve ``prob`` with ``solver`` (PuLP's HiGHS) here and read what the call needs off highspy."""
     with quiet_stdout():
         prob.solve(solver)
     h = prob.solverModel
@@ -238,6 +239,7 @@ def _highs_in_process(prob: Any, v: list[Any], solver: Any) -> _HighsRun:
 
 
 def _highs_child(conn: Connection, prob: Any, v: list[Any], solver: Any) -> None:
+    """The forked child's work: one HiGHS run, its outcome (or what it raised) sent to the parent."""
     try:
         import highspy
 
