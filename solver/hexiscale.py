@@ -43,7 +43,10 @@ evaluator (:func:`hexhelix.solver.evaluate.evaluate`):
    candidate as well (a portfolio: never slower than the homogeneous baseline), and so are plans of
    P identical pipelines (:mod:`~hexhelix.solver.symmetric`) for every P the sweep visited whose
    shapes are few enough to list: phase 2 picks a block's TP split by pipeline time alone, while
-   these are scored with their gradient sync (hexiscale-het3: 5.492 → 5.449 s). Last, the winner's
+   these are scored with their gradient sync (hexiscale-het3: 5.492 → 5.449 s), and, faster than
+   the best so far, those with one pair of different nodes taken in turn by the pipelines
+   (hexiscale-het1: 8.768 → 8.741 s, a 3090 TP 4 stage in two pipelines, a 3080 Ti one in the
+   other two). Last, the winner's
    grouping goes through a local search over GPU blocks moved between pipelines
    (:mod:`~hexhelix.solver.regroup`, at most ``REGROUP_MAX_EVALS`` groupings): phase 1 cannot
    split a node between pipelines by what phase 2 will make of it (Llama-2 7B on hexiscale-het1:
@@ -92,6 +95,7 @@ logger = logging.getLogger(__name__)
 POLISH_S = 2.0     # default time budget of the final hill climbing (seconds)
 MEGATRON_SEED_MAX_GPUS = 128  # the uniform-shape candidates are added up to this cluster size
 SYMMETRIC_MAX_STEPS = 30_000  # listing steps per P for identical-pipeline candidates (≤ ~1.3 s per P at 32 GPUs)
+SYMMETRIC_MIXED_MAX_STEPS = 10_000  # the same with a mixed unit (hexiscale-het1's P = 4 lists in 2,772)
 REGROUP_MAX_EVALS = 200  # groupings the phase-1 local search scores (:mod:`.regroup`)
 
 
@@ -342,23 +346,24 @@ def symmetric_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: 
     """Plans of P identical pipelines faster than ``plan``, listed beyond hexiscale's step budget:
     split combinations whose pipelines cannot beat it, and orders memory does not admit, are left
     out before any layout (:meth:`~hexhelix.solver.phase2.PipelineSolver.floor`, :meth:`~hexhelix.solver.phase2.PipelineSolver.fits`). Every P
-    from 2 up gets a listing of 100,000 steps, then those unfinished 1,000,000, then 10,000,000,
-    until ``deadline`` (``time.perf_counter``). The best such plan, or None (hexiscale-het2 without
+    from 2 up gets a listing of 100,000 steps, and one of the shapes with a mixed unit
+    (:func:`~hexhelix.solver.symmetric.mixed_unit_sets`), then those unfinished 1,000,000, then
+    10,000,000, until ``deadline`` (``time.perf_counter``). The best such plan, or None (hexiscale-het2 without
     recompute: P = 2 lists in ~4 s, 6.413 → 6.311 s)."""
     problem = plan.problem
     ps = PipelineSolver(problem, StageCostTable(problem, profile), tau)
     best: tuple[Plan, Evaluation] | None = None
     below = evaluate(plan, profile).iteration_time_s
-    todo = list(range(2, pipeline_count_cap(problem) + 1))
+    todo = [(P, mixed) for P in range(2, pipeline_count_cap(problem) + 1) for mixed in (False, True)]
     for steps in SYMMETRIC_MORE_STEPS:
         left = []
-        for P in todo:
+        for P, mixed in todo:
             if time.perf_counter() >= deadline:
                 return best
             ranked = ranked_shapes(problem, P, ps.layout, max_steps=steps, floor=ps.floor, fits=ps.fits,
-                                   below=below, deadline=deadline)
+                                   below=below, deadline=deadline, mixed=mixed)
             if ranked is None:
-                left.append(P)
+                left.append((P, mixed))
                 continue
             got = best_symmetric(problem, P, ps.layout, profile, below=below, ranked=ranked, deadline=deadline)
             if got is not None:
@@ -427,7 +432,9 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
     the result is never slower than that baseline (clusters up to 128 GPUs, where that enumeration
     is cheap); with ``symmetric`` so are the plans of P identical pipelines for each P the sweep
     visited (:func:`~hexhelix.solver.symmetric.best_symmetric`, skipped where listing their shapes
-    takes over ``SYMMETRIC_MAX_STEPS`` steps); ``params['winner']`` names the winning candidate.
+    takes over ``SYMMETRIC_MAX_STEPS`` steps), then those with a mixed unit that beat the best so
+    far (a listing of its own, ``SYMMETRIC_MIXED_MAX_STEPS``); ``params['winner']`` names the winning
+    candidate.
     The winner's grouping is then improved by moving GPU blocks between pipelines
     (:func:`~hexhelix.solver.regroup.regroup`, at most ``regroup_evals`` groupings; 0 turns it off;
     ``params['regroup_stopped']`` says why it ended: local optimum, budget, time, or off).
@@ -463,6 +470,12 @@ def plan_hexiscale(problem: PlanProblem, *, seed: int = 0, profile: Profile = DE
                              fits=ps.fits)
         if sym is not None:
             best = (sym[1].iteration_time_s, sym[0], f"symmetric P={P}")
+        if best is not None:      # with a mixed unit: only what beats the best so far is listed (floor)
+            sym = best_symmetric(problem, P, ps.layout, profile, below=best[0],
+                                 max_steps=SYMMETRIC_MIXED_MAX_STEPS, deadline=deadline, floor=ps.floor,
+                                 fits=ps.fits, mixed=True)
+            if sym is not None:
+                best = (sym[1].iteration_time_s, sym[0], f"symmetric P={P}, mixed unit")
     regrouped, regroup_stopped = 0, "off"
     if best is not None and regroup_evals > 0 and not truncated:
         plan, ev, regrouped, regroup_stopped = _regroup(problem, ps, best[1], profile, max_evals=regroup_evals,

@@ -8,6 +8,13 @@ sits on one node in every pipeline, so its gradient syncs on that node's link �
 best plans on clusters whose nodes talk over slow links. Phase 2 of hexiscale chooses a block's TP
 split by pipeline time alone; here the fastest shapes by pipeline time are scored by the evaluator,
 gradient sync included (hexiscale-het3: a 1-GPU 3090 stage with one layer in front, 5.492 → 5.449 s).
+
+A second, separate listing (``mixed=True``) takes one *mixed* unit: one node from each of two groups of
+different nodes, taken in turn, the slower node first (pipeline 0, whose layer counts every pipeline
+copies, sits on it). Its layers sync over the slower link between the two nodes, which costs least on a
+TP stage, where each GPU holds a share: on hexiscale-het1, two pipelines on a 3090 TP 4 stage and two
+on a 3080 Ti TP 4 stage with the same three layers beat the best plan of locally synced pipelines
+(8.768 → 8.741 s at P = 4).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from .candidates import identical_node_groups
 from .evaluate import Evaluation, evaluate
 from .layer_assign import Stage, tp_splits, valid_tp
 
-__all__ = ["Unit", "best_symmetric", "ranked_shapes", "replicate", "unit_sets"]
+__all__ = ["Unit", "best_symmetric", "mixed_unit_sets", "ranked_shapes", "replicate", "unit_sets"]
 
 Layout = Callable[[list[Stage], int], "tuple[tuple[int, ...], float] | None"]
 Floor = Callable[[list[tuple[int, int]], int], float]  # (node, TP) of each stage, m → least pipeline time in any order
@@ -39,6 +46,7 @@ class Unit:
 
     members: tuple[int, ...]
     cap: int                  # GPUs per pipeline
+    mixed: bool = False       # members of different groups (:func:`mixed_unit_sets`): always used
 
     def node(self, p: int) -> int:
         return self.members[p % len(self.members)]
@@ -51,9 +59,43 @@ class Unit:
 def unit_sets(problem: PlanProblem, P: int) -> list[list[list[Unit]]]:
     """Every way to cut the nodes into units, as lists of interchangeable units: each group of
     interchangeable nodes is used node by node, or (two or more nodes) as one shared unit."""
+    return _cut(problem, P, identical_node_groups(problem))
+
+
+def _slower_first(problem: PlanProblem, a: int, b: int) -> tuple[int, int]:
+    """Nodes a and b, the one with the slower GPU first (less memory, then index, on a tie)."""
+    cl = problem.cluster
+
+    def key(n: int) -> tuple[float, float, int]:
+        gpu = cl.gpu_of_node(n)
+        return gpu.tflops, gpu.memory_bytes, n
+
+    return (a, b) if key(a) <= key(b) else (b, a)
+
+
+def mixed_unit_sets(problem: PlanProblem, P: int) -> list[list[list[Unit]]]:
+    """Unit sets with one mixed unit in front: for each pair of groups of interchangeable nodes, their
+    first nodes taken in turn (the slower first; ⌊min G / ⌈P/2⌉⌋ GPUs per pipeline), the groups' other
+    nodes cut into units as in :func:`unit_sets`. Needs P ≥ 2: one pipeline would use one node only."""
+    if P < 2:
+        return []
+    cl, groups = problem.cluster, identical_node_groups(problem)
+    out = []
+    for i, j in itertools.combinations(range(len(groups)), 2):
+        a, b = _slower_first(problem, groups[i][0], groups[j][0])
+        cap = min(cl.nodes[a].count, cl.nodes[b].count) // math.ceil(P / 2)
+        if cap < 1:
+            continue
+        rest = [g for g in (gr[1:] if k in (i, j) else gr for k, gr in enumerate(groups)) if g]
+        out.extend([[Unit((a, b), cap, mixed=True)], *units] for units in _cut(problem, P, rest))
+    return out
+
+
+def _cut(problem: PlanProblem, P: int, groups: list[list[int]]) -> list[list[list[Unit]]]:
+    """Every way to cut ``groups`` into units (:func:`unit_sets`' rule)."""
     cl = problem.cluster
     per_group = []
-    for g in identical_node_groups(problem):
+    for g in groups:
         G = cl.nodes[g[0]].count
         modes = [[Unit((n,), G // P) for n in g]]
         if len(g) > 1:
@@ -120,7 +162,8 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
     a multiset of splits per group, then the orders that differ; None once ``budget`` is spent.
     ``skip``: a multiset of stages ((node, TP) each) none of whose orders is wanted; ``admit``: the
     stages of an order that is (else it is left out)."""
-    menus = [_splits(problem, units[0].cap) for units in groups]
+    menus = [_splits(problem, units[0].cap)[1:] if units[0].mixed else _splits(problem, units[0].cap)
+             for units in groups]   # a mixed unit is never left unused: its listing has no other shapes
 
     def choices(gi: int) -> Iterator[tuple[tuple[int, ...], ...]]:     # lazily: groups may hold 32 nodes
         if gi == len(groups):
@@ -138,7 +181,7 @@ def _shapes(problem: PlanProblem, groups: list[list[Unit]], seen: set[tuple], bu
         for gi, (units, menu, combo) in enumerate(zip(groups, menus, choice)):
             for u, c in zip(units, combo):
                 if menu[c]:
-                    keys.append((gi, len(u.members), c))
+                    keys.append((gi, len(u.members), c, u.members if u.mixed else ()))
                     used.append((u, menu[c]))
         if not used or sum(len(c) for _, c in used) > problem.model.layers:
             continue
@@ -175,7 +218,8 @@ def _stages(by_node: dict[int, list[int]], shape: Shape, p: int) -> list[Stage]:
 
 def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: int | None = None,
                   floor: Floor | None = None, below: float = math.inf, fits: Fits | None = None,
-                  deadline: float | None = None) -> list[tuple[float, tuple[int, ...], Shape]] | None:
+                  deadline: float | None = None, mixed: bool = False,
+                  ) -> list[tuple[float, tuple[int, ...], Shape]] | None:
     """(pipeline time, layer counts, shape) of every shape that fits, fastest first, at ⌈M/P⌉
     micro-batches; None when listing the shapes takes more than ``max_steps`` steps (split
     combinations and visiting orders looked at: a deterministic stand-in for a time limit, checked
@@ -183,13 +227,14 @@ def ranked_shapes(problem: PlanProblem, P: int, layout: Layout, *, max_steps: in
     any order is ``below`` or more (or that fits in no order) is left out before its orders are
     listed: it costs one step instead of one per order, and no layout; with ``fits``, so is an order
     that memory does not admit (no layout). ``deadline`` (``time.perf_counter()``): None as well
-    when the listing or the layouts run past it."""
+    when the listing or the layouts run past it. ``mixed``: the shapes with a mixed unit
+    (:func:`mixed_unit_sets`) instead, a listing of their own."""
     m = math.ceil(problem.training.num_micro_batches / P)
     skip = None if floor is None else (lambda kinds: floor(kinds, m) >= below)
     admit = None if fits is None else (lambda kinds: fits(kinds, m))
     seen: set[tuple] = set()
     budget, shapes = _Budget(max_steps, deadline), []
-    for groups in unit_sets(problem, P):
+    for groups in (mixed_unit_sets if mixed else unit_sets)(problem, P):
         for shape in _shapes(problem, groups, seen, budget, skip, admit):
             if shape is None:
                 return None
@@ -221,7 +266,8 @@ def replicate(problem: PlanProblem, shape: Shape, counts: Sequence[int], P: int)
 def best_symmetric(problem: PlanProblem, P: int, layout: Layout, profile: Profile = DEFAULT_PROFILE, *,
                    below: float = math.inf, max_steps: int | None = None, deadline: float | None = None,
                    ranked: list[tuple[float, tuple[int, ...], Shape]] | None = None,
-                   floor: Floor | None = None, fits: Fits | None = None) -> tuple[Plan, Evaluation] | None:
+                   floor: Floor | None = None, fits: Fits | None = None,
+                   mixed: bool = False) -> tuple[Plan, Evaluation] | None:
     """The best evaluated plan of P identical pipelines faster than ``below`` seconds, or None.
 
     Shapes are evaluated fastest pipeline first, and the scan stops at the first whose pipeline time
@@ -231,13 +277,13 @@ def best_symmetric(problem: PlanProblem, P: int, layout: Layout, profile: Profil
     None), or ``deadline`` (a ``time.perf_counter()`` value). ``ranked``: this P's
     :func:`ranked_shapes`, when already listed; ``floor``: leave out the split combinations whose
     pipelines cannot beat ``below``, and with ``fits`` the orders memory does not admit (the result
-    is the same, the listing shorter).
+    is the same, the listing shorter). ``mixed``: the shapes with a mixed unit (:func:`ranked_shapes`).
     """
     if P > problem.training.num_micro_batches:
         return None
     if ranked is None:
         ranked = ranked_shapes(problem, P, layout, max_steps=max_steps, floor=floor, below=below,
-                               fits=fits, deadline=deadline)
+                               fits=fits, deadline=deadline, mixed=mixed)
     best: tuple[Plan, Evaluation] | None = None
     for pipe_s, counts, shape in ranked or ():
         limit = below if best is None else min(below, best[1].iteration_time_s)

@@ -22,6 +22,7 @@ from hexhelix.solver.symmetric import (
     _shapes,
     _stages,
     best_symmetric,
+    mixed_unit_sets,
     ranked_shapes,
     replicate,
     unit_sets,
@@ -208,3 +209,69 @@ def test_identical_pipelines_listed_beyond_the_step_budget_beat_hexiscale(exampl
     t0 = time.perf_counter()                            # its deadline holds (listing and layouts)
     symmetric_more(heur.plan, deadline=t0 + 0.3)
     assert time.perf_counter() - t0 < 1.5
+
+
+# ---- a mixed unit: one node of each of two groups, taken in turn
+
+def test_a_mixed_unit_takes_the_first_nodes_of_two_groups_the_slower_first():
+    pb = _problem()
+    cl = pb.cluster
+    assert mixed_unit_sets(pb, 1) == []                   # one pipeline would sit on one of them only
+    sets = mixed_unit_sets(pb, 2)
+    pairs = {groups[0][0].members for groups in sets}
+    # groups A100 | A40 | T4 x2: every pair of groups, slower GPU first (A40 before A100, T4 before both)
+    assert pairs == {(1, 0), (2, 0), (2, 1)}
+    for groups in sets:
+        mixed = groups[0][0]
+        assert len(groups[0]) == 1 and mixed.mixed
+        assert mixed.cap == min(cl.nodes[n].count for n in mixed.members) // 1     # ⌈2/2⌉ = 1
+        rest = [n for units in groups[1:] for u in units for n in u.members]
+        assert sorted(rest + list(mixed.members)) == [0, 1, 2, 3]                    # each node once
+        assert not any(u.mixed for units in groups[1:] for u in units)
+
+
+def test_pipelines_of_a_mixed_unit_alternate_its_nodes_with_one_layer_layout():
+    pb = _problem()
+    layout = _layout(pb)
+    ranked = ranked_shapes(pb, 2, layout, mixed=True)
+    assert ranked
+    assert all(sum(u.mixed for u, _ in shape) == 1 for _, _, shape in ranked)   # used in every shape, once
+    for pipe_s, counts, shape in ranked[:20]:
+        plan = replicate(pb, shape, counts, 2)             # Plan.check: no GPU in two stages
+        unit = next(u for u, _ in shape if u.mixed)
+        on = [{s.node for s in p.stages} & set(unit.members) for p in plan.pipelines]
+        assert on == [{unit.members[0]}, {unit.members[1]}]          # pipeline 0 on the slower node
+        assert [s.num_layers for s in plan.pipelines[0].stages] == [s.num_layers for s in plan.pipelines[1].stages]
+        ev = evaluate(plan)
+        if ev.feasible:                                   # the listing's time is pipeline 0's, as charged
+            assert ev.pipeline_times_s[0] == pytest.approx(pipe_s, rel=1e-9)
+    plain = {shape for _, _, shape in ranked_shapes(pb, 2, layout)}
+    assert plain.isdisjoint(shape for _, _, shape in ranked)
+
+
+def test_the_pruned_scan_over_mixed_units_finds_their_best_plan():
+    pb = _problem()
+    layout = _layout(pb)
+    times = [evaluate(replicate(pb, shape, counts, 2)) for _, counts, shape in ranked_shapes(pb, 2, layout, mixed=True)]
+    best_all = min(ev.iteration_time_s for ev in times if ev.feasible)
+    got = best_symmetric(pb, 2, layout, mixed=True)
+    assert got is not None and got[1].iteration_time_s == pytest.approx(best_all, rel=1e-12)
+    assert best_symmetric(pb, 2, layout, below=best_all * (1 - 1e-9), mixed=True) is None
+
+
+def test_a_mixed_unit_beats_every_plan_of_identical_pipelines_on_het1(examples_dir):
+    """hexiscale-het1, Llama-2 7B, full recompute, P = 4: every plan of four identical pipelines
+    (each unit a node) is beaten by two pipelines with a 3090 TP 4 stage and two with a 3080 Ti one,
+    the same three layers on each: they sync over the slow link, a quarter of a layer per GPU."""
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het1.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full"))
+    ps = PipelineSolver(pb, StageCostTable(pb), tau=3)
+    plain = best_symmetric(pb, 4, ps.layout, floor=ps.floor, fits=ps.fits)
+    mixed = best_symmetric(pb, 4, ps.layout, floor=ps.floor, fits=ps.fits, mixed=True,
+                           below=plain[1].iteration_time_s)
+    assert plain is not None and mixed is not None
+    assert mixed[1].iteration_time_s < plain[1].iteration_time_s * (1 - 1e-3)
+    firsts = sorted((cl.nodes[p.stages[0].node].gpu, p.stages[0].tp, p.stages[0].num_layers)
+                    for p in mixed[0].pipelines)
+    assert firsts == [("RTX3080Ti", 4, 3)] * 2 + [("RTX3090", 4, 3)] * 2
