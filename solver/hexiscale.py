@@ -339,7 +339,7 @@ def regroup_more(plan: Plan, profile: Profile = DEFAULT_PROFILE, *, deadline: fl
 
 
 SYMMETRIC_MORE_STEPS = (100_000, 1_000_000, 10_000_000)  # listing budgets of :func:`symmetric_more`, in turn
-# (listing, budget) in the order :func:`symmetric_more` visits them: a mixed unit's listings after the
+# (mixed unit?, index into SYMMETRIC_MORE_STEPS) in the order :func:`symmetric_more` lists them: a mixed unit's after the
 # plain ones' first two budgets (hexiscale-het1 / Llama-2 13B: its P = 2 plain listing finds 15.740 s at
 # 1,000,000 steps, ~3 s in, and its mixed listing runs 3 s into 100,000 steps without an end)
 SYMMETRIC_MORE_ORDER = ((False, 0), (False, 1), (True, 0), (True, 1), (False, 2), (True, 2))

@@ -275,3 +275,19 @@ def test_a_mixed_unit_beats_every_plan_of_identical_pipelines_on_het1(examples_d
     firsts = sorted((cl.nodes[p.stages[0].node].gpu, p.stages[0].tp, p.stages[0].num_layers)
                     for p in mixed[0].pipelines)
     assert firsts == [("RTX3080Ti", 4, 3)] * 2 + [("RTX3090", 4, 3)] * 2
+
+
+def test_symmetric_more_lists_mixed_units_after_the_plain_shapes(examples_dir, monkeypatch):
+    """From the best plan of identical pipelines at P = 4 on hexiscale-het1 (Llama-2 7B, full
+    recompute), the listing beside the fluid child goes on to the mixed units and finds the faster plan
+    (budgets cut to 3,000 steps to keep it short: het1's P = 4 mixed listing takes 2,772)."""
+    monkeypatch.setattr("hexhelix.solver.hexiscale.SYMMETRIC_MORE_STEPS", (3_000, 3_000, 3_000))
+    cl = load_cluster(examples_dir / "clusters" / "hexiscale-het1.yaml")
+    pb = PlanProblem(cluster=cl, model=PRESETS["llama2-7b"],
+                     training=TrainingConfig(global_batch=64, micro_batch=1, seq_len=4096, recompute="full"))
+    ps = PipelineSolver(pb, StageCostTable(pb), tau=3)
+    plain = best_symmetric(pb, 4, ps.layout, floor=ps.floor, fits=ps.fits)
+    assert plain is not None
+    got = symmetric_more(plain[0], deadline=time.perf_counter() + 120)
+    assert got is not None and got[1].iteration_time_s < plain[1].iteration_time_s * (1 - 1e-3)
+    assert {cl.nodes[p.stages[0].node].gpu for p in got[0].pipelines} == {"RTX3080Ti", "RTX3090"}
