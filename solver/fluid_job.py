@@ -3,24 +3,23 @@ that it runs on a second core while CP-SAT or the MILP works on the first.
 
 The search (:func:`.fluid_branch.fluid_bounds_by_pipelines`) is pure CPU work with its own deadline;
 the planner needs from it the per-P bounds and the best plan its masters rounded to
-(:mod:`.master_rounding`). In a child both come back through a pipe; a child that fails or does not
-answer in time is logged and treated as "no fluid bound" (the planner's other bounds still hold).
+(:mod:`.master_rounding`). In a child (:mod:`.forked`) both come back through a pipe; a child that
+fails or does not answer in time is logged and treated as "no fluid bound" (the planner's other bounds
+still hold).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
-import os
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 
 from hexhelix.ir.plan import Plan
 
 from .candidates import CostTables
 from .fluid_branch import fluid_bounds_by_pipelines
+from .forked import ForkedCall, can_fork, fork_call
 from .master_rounding import Incumbent
 
 __all__ = ["FluidJob", "FluidOutcome", "can_fork", "run_fluid", "start_fluid"]
@@ -53,71 +52,45 @@ def run_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadlin
     return FluidOutcome(bounds=dict(bounds), plan=incumbent.plan if incumbent is not None and incumbent.improved else None)
 
 
-def can_fork() -> bool:
-    """A second core to run on and the fork start method (the child inherits the built tables)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return cores >= 2 and "fork" in mp.get_all_start_methods()
-
-
-def _child(conn: Connection, tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
-           only: frozenset[int] | None, keep_plan: bool) -> None:
-    try:
-        conn.send(run_fluid(tables, pmax, upper_s, plan, deadline, only, keep_plan))
-    except Exception as err:  # anything the search raises goes back as a message
-        conn.send(FluidOutcome(error=f"{type(err).__name__}: {err}"))
-    finally:
-        conn.close()
+def _search(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
+            only: frozenset[int] | None, keep_plan: bool) -> FluidOutcome:
+    """The child's work: :func:`run_fluid`, looked up when it runs (tests replace it)."""
+    return run_fluid(tables, pmax, upper_s, plan, deadline, only, keep_plan)
 
 
 @dataclass
 class FluidJob:
     """A fluid search running in a forked child; :meth:`collect` waits for its outcome."""
 
-    process: mp.process.BaseProcess
-    conn: Connection
+    call: ForkedCall
     deadline: float
 
     def ready(self) -> bool:
         """The child has answered (or died): :meth:`collect` will not wait."""
-        return self.conn.poll(0)
+        return self.call.ready()
 
     def collect(self) -> FluidOutcome:
         """The child's outcome; an empty one (with ``error`` set) if it failed or overran its
         deadline by more than GRACE_S (it is then terminated)."""
         wait = max(0.0, self.deadline - time.monotonic()) + GRACE_S if math.isfinite(self.deadline) else None
-        try:
-            out = self.conn.recv() if self.conn.poll(wait) else FluidOutcome(
-                error=f"no answer {GRACE_S:g} s after its deadline")
-        except (EOFError, OSError) as err:  # the child died without sending
-            out = FluidOutcome(error=f"child exited without a result ({type(err).__name__})")
-        self.conn.close()
-        self.process.join(timeout=1.0)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=1.0)
+        got = self.call.wait(wait)
+        if got is None:
+            out = FluidOutcome(error=f"no answer {GRACE_S:g} s after its deadline")
+        else:
+            out = got.value if not got.error else FluidOutcome(error=got.error)
+        self.call.stop(grace=1.0)
         if out.error:
             logger.warning("fluid bound search failed: %s; continuing without it", out.error)
         return out
 
-
     def cancel(self) -> None:
         """Stop the child without waiting for it (its bounds are no longer needed)."""
-        self.conn.close()
-        self.process.terminate()
-        self.process.join(timeout=1.0)
+        self.call.stop()
 
 
 def start_fluid(tables: CostTables, pmax: int, upper_s: float, plan: Plan, deadline: float,
                 only: frozenset[int] | None = None, keep_plan: bool = True) -> FluidJob:
     """Fork a child that runs the search (over ``only``, when given) until ``deadline`` and sends
     back its outcome (:func:`run_fluid`)."""
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, tables, pmax, upper_s, plan, deadline, only, keep_plan), daemon=True,
-                       name="hexhelix-fluid-bound")
-    proc.start()
-    child.close()
-    return FluidJob(process=proc, conn=parent, deadline=deadline)
+    call = fork_call(_search, tables, pmax, upper_s, plan, deadline, only, keep_plan, name="hexhelix-fluid-bound")
+    return FluidJob(call=call, deadline=deadline)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing as mp
 import os
 import re
 import sys
@@ -22,13 +21,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 from hexhelix.ir.errors import SolverError
 from hexhelix.ir.plan import PlanProblem
 from hexhelix.ir.profile import DEFAULT_PROFILE, Profile
 
+from .forked import fork_available, fork_call
 from .plan_formulation import BackendOutcome, LinearModel, search_seconds
 from .result import SolveResult
 
@@ -238,43 +237,26 @@ def _highs_in_process(prob: Any, v: list[Any], solver: Any) -> _HighsRun:
                      values=tuple(x.varValue for x in v) if has else ())
 
 
-def _highs_child(conn: Connection, prob: Any, v: list[Any], solver: Any) -> None:
-    """The forked child's work: one HiGHS run, its outcome (or what it raised) sent to the parent."""
-    try:
-        import highspy
+def _highs_in_child(prob: Any, v: list[Any], solver: Any) -> _HighsRun:
+    """The forked child's work: one HiGHS run on a scheduler of its own."""
+    import highspy
 
-        highspy.Highs.resetGlobalScheduler(True)  # the parent's scheduler (its thread count, its workers) is not ours
-        conn.send(_highs_in_process(prob, v, solver))
-    except Exception as err:  # anything HiGHS or PuLP raises goes back as a message
-        conn.send(_HighsRun(error=f"{type(err).__name__}: {err}"))
-    finally:
-        conn.close()
+    highspy.Highs.resetGlobalScheduler(True)  # the parent's scheduler (its thread count, its workers) is not ours
+    return _highs_in_process(prob, v, solver)
 
 
 def _run_highs(prob: Any, v: list[Any], solver: Any, *, kill_at: float) -> _HighsRun | None:
-    """Run HiGHS on ``prob`` in a forked child, killed at ``kill_at`` (monotonic) if it has not answered:
-    None then. In this process (no kill) where fork is unavailable or this is a daemonic process."""
-    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+    """Run HiGHS on ``prob`` in a forked child (:mod:`.forked`), killed at ``kill_at`` (monotonic) if it
+    has not answered: None then. In this process (no kill) where fork is unavailable or this is a
+    daemonic process."""
+    if not fork_available():
         return _highs_in_process(prob, v, solver)
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_highs_child, args=(child, prob, v, solver), daemon=True, name="hexhelix-highs")
-    proc.start()
-    child.close()
-    try:
-        if parent.poll(max(0.0, kill_at - time.monotonic())):
-            try:
-                run = parent.recv()
-            except (EOFError, OSError) as err:  # the child died without sending
-                run = _HighsRun(error=f"its process exited without a result ({type(err).__name__})")
-            proc.join(timeout=1.0)  # let it close its log file
-            return run
+    call = fork_call(_highs_in_child, prob, v, solver, name="hexhelix-highs")
+    got = call.wait(kill_at - time.monotonic())
+    call.stop(grace=1.0 if got is not None else 0.0, kill=True)  # one that answered closes its log file first
+    if got is None:
         return None
-    finally:
-        parent.close()
-        if proc.is_alive():
-            proc.kill()
-        proc.join(timeout=5.0)
+    return got.value if not got.error else _HighsRun(error=got.error)
 
 
 def solve_milp_model(lin: LinearModel, *, backend: str = "highs", time_limit: float, seed: int = 0,
