@@ -92,4 +92,3 @@ def fork_call(fn: Callable[..., Any], *args: Any, name: str) -> ForkedCall:
     proc.start()
     child.close()
     return ForkedCall(process=proc, conn=parent)
-
