@@ -16,7 +16,7 @@ run is a reduced smoke run (a subset, 20 s limits) that only prints.
     python benchmarks/planner.py --goal                   # 9 clusters x 120 s: ~25 min
     python benchmarks/planner.py --goal --recompute none  # the same without recompute (the CLI default)
     python benchmarks/planner.py --goal --models llama2-13b,llama-30b  # the goal's setting, larger models: ~30 min
-    python benchmarks/planner.py --full --time-limit 15   # ~58 min on 2 cores
+    python benchmarks/planner.py --full --time-limit 15   # ~24 min on 2 cores
     python benchmarks/planner.py                          # reduced, printed only
 """
 
