@@ -48,7 +48,13 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT = 60.0
 TICKS_AT_RATE_BOUND = 1e9   # integer time scale: the total-work bound maps to 1e9 ticks
-FLUID_PARALLEL_MIN_S = 20.0  # from this time limit on, the fluid search runs in a child on a second core
+# from this time limit on, the fluid search runs in a child on a second core. 20 s until 2026-12-07: at 15 s in this
+# process, hexiscale-het3 / Llama-2 13B's P = 4-5 roots did not converge (bound 4.943 s, 47.8 %; in a child 8.954 s,
+# 5.5 %). One cpsat solve each way (Llama-2 7B, full recompute; scratch script over `solve`), gap here -> in a child:
+# at 15 s het2 7.29 -> 3.79 %, het3 21.6 -> 9.65 %, homo-32xa100 1.81 -> 0.46 %, mixed-a100-a40-t4 3.86 -> 1.64 %,
+# gen-64 7.25 -> 3.57 %, het1 and small-mixed the same; at 10 s het3 51.7 -> 11.9 %, het2 8.02 -> 5.32 %, the others
+# the same or better; at 5 s het3 14.4 -> 51.7 % (the child answered nothing in time), hence a threshold
+FLUID_PARALLEL_MIN_S = 10.0
 FLUID_COLLECT_S = 1.0        # kept at the end to receive the child's bounds and round its masters
 FLUID_SPLIT_MIN_GPUS = 16    # from here on both cores search fluid bounds (odd and even pipeline counts)
 # ... after the exact models had this share of the time: at 16-32 GPUs they proved no more than the
@@ -61,14 +67,15 @@ WARM_START_REGROUP_EVALS = 100_000  # hexiscale's grouping search in the warm st
 # 19 s in all, its best plan, 2.832 s, found within 7.5 s: 2026-12-06), its grouping search and polish stop at 10 s
 WARM_START_SHARE, WARM_START_IMPROVE_S = 0.25, 10.0
 FLUID_SHARE = 0.6  # of the time left after the warm start, for the fluid search when it runs in this process
-# below FLUID_PARALLEL_MIN_S, where no P-model could be built and called in the time the models would get (too big,
+# where no P-model could be built and called in the time the models would get (too big,
 # or its build and first call alone would outlast it: 256-512 GPUs at 10-15 s, or 128 through PuLP), that time would
 # go unused: the warm start then gets this share of the limit (at 25 % hexiscale's sweep over pipeline counts is cut
 # short) and the fluid search this share of the rest, ending FLUID_ALONE_MARGIN of the limit (at least 1 s) before
 # it: its last steps overshoot their deadline at 512 GPUs by 0.7-1.3 s. One cpsat solve each way (2026-12-06,
 # 14:00 UTC): gen-256 at 15 s plan 3.172 -> 2.982 s, gap 30.1 -> 26.4 %, 10.6 -> 13.0 s; at 10 s 4.480 -> 2.982 s,
 # 61.6 -> 42.2 %; gen-512 at 15 s 3.634 -> 3.185 s, 52.6 -> 45.9 %, 11.2 -> 13.1 s; at 10 s 3.828 -> 3.372 s.
-# (A warm start of 0.7 gave gen-512 3.061 s but gen-256's bound 2.217 -> 1.723 s.)
+# (A warm start of 0.7 gave gen-512 3.061 s but gen-256's bound 2.217 -> 1.723 s.) Beside a fluid child the models
+# get all that the warm start leaves, and where none fits in it the warm start gets this share too.
 # The same test is made again once the warm start is over, with the pipeline counts the one-pipeline or depth bound
 # settled left out, for the fluid search's share: hexiscale-het1 and homo-32xa100 at 10 s through HiGHS had passed
 # the first (P = 1's model fits) but settled P = 1 on the way, and their solves ended at 7.1 s with the last 2.9 s
@@ -166,7 +173,7 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     left is not built: :data:`BUILD_AND_CALL_S_PER_TERM` for CP-SAT, more through PuLP).
 
     Options: ``warm_start`` (default True: best of the hexiscale and megatron heuristics, each given
-    25 % of the limit — 50 % where, below 20 s, no P-model could be built and called in the time left to
+    25 % of the limit — 50 % where no P-model could be built and called in the time left to
     the models, ``params['models_fit']`` False — hints the model and cuts off worse plans; where
     hexiscale's grouping search ran out of its min(10 s, 25 %) and the fluid search runs in a child, it
     goes on here meanwhile, ``params['regroup_more']``; with the child, plans of identical pipelines are
@@ -177,11 +184,12 @@ def solve_exact(problem: PlanProblem, backend: Backend, *, solver: str, seed: in
     ``gap_tol`` (relative gap accepted as optimal on top of the time-scale rounding, default 1e-6),
     ``fluid_bound`` (default True: the per-P column-generation bound of :mod:`.fluid_bound`, given at
     most ``fluid_share`` = 60 % of the time, 97 % where no P-model fits; it proves P values unable to
-    beat the incumbent; with ``fluid_parallel`` — default: when the time limit is at least 20 s and a
+    beat the incumbent; with ``fluid_parallel`` — default: when the time limit is at least 10 s and a
     second core and ``fork`` are available — it runs instead in a forked child for the whole time limit
     while the exact models run here, and its bounds and rounded plans join theirs at the end; with
-    ``fluid_split`` — default: from 16 GPUs on — the child searches the even pipeline counts and this
-    process, after giving the exact models ``exact_share`` = 2 % of the time, the odd ones; with
+    ``fluid_split`` — default: from 16 GPUs on, where some P-model fits — the child searches the even
+    pipeline counts and this process, after giving the exact models ``exact_share`` = 2 % of the time,
+    the odd ones; with
     ``merge_nodes`` — default True — on a cluster of more than eight nodes the search runs on the view
     that merges interchangeable nodes, :mod:`.node_merge`, and gives bounds only, ``params['fluid_nodes']``),
     ``single_pipeline`` (default True: P = 1 bounded with every node's GPUs counted, :mod:`.single_pipeline`,
@@ -216,7 +224,7 @@ class _ExactRun:
     pmax: int
     gmin: int  # fewest GPUs per pipeline
     parallel: bool  # the fluid search runs in a child on a second core
-    alone: bool  # no P-model could run in its share: the warm start and the fluid search share all the time
+    alone: bool  # no P-model could run in its share: the warm start gets half the limit, the fluid search the rest
     scale: float  # ticks per second of the integer time scale
     rate: float  # the a-priori bound: total work over total rate (or the shape bound)
     p_values: list[int]  # the pipeline counts modelled, in order
@@ -283,8 +291,9 @@ class _ExactRun:
         parallel = opts.get("fluid_parallel")
         self.parallel = can_fork() and (self.limit >= FLUID_PARALLEL_MIN_S if parallel is None else bool(parallel))
         # no P-model could run in its share of the time: the warm start and the fluid search take it all
-        self.alone = not self.parallel and not self._some_model_fits(
-            (1 - WARM_START_SHARE) * self.limit * (1 - float(opts.get("fluid_share", FLUID_SHARE))))
+        models_s = (1 - WARM_START_SHARE) * self.limit  # the models' time: all that the warm start leaves, beside a child
+        self.alone = not self._some_model_fits(
+            models_s if self.parallel else models_s * (1 - float(opts.get("fluid_share", FLUID_SHARE))))
         self.params["models_fit"] = not self.alone
         unfinished: list[Plan] = []  # hexiscale's plan when its grouping search ran out of the warm-start budget
         warm = WARM_START_ALONE_SHARE if self.alone else WARM_START_SHARE
@@ -375,7 +384,10 @@ class _ExactRun:
                             if inc is not None and self._early(P) >= inc * (1 - self.gap_tol))
         self.unsearched = settled  # the fluid search leaves these at a floor: the log shows no fluid bound for them
         parallel = self.parallel
-        split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS))
+        # no P-model fits: a second search of the odd counts here lost more than it found (gen-256 / gen-512 at 10 s:
+        # bounds 2.216 / 2.341 s split, 2.620 / 2.525 s not; at 30 s gen-512 2.626 / 2.627 s, 2026-12-07)
+        split = parallel and bool(opts.get("fluid_split", self.problem.cluster.num_gpus >= FLUID_SPLIT_MIN_GPUS
+                                           and not self.alone))
         self.params["fluid_parallel"] = parallel
         # split: the odd pipeline counts are searched here once the models had their share, the even ones in the child
         mine, theirs = frozenset(range(1, pmax + 1, 2)) - settled, frozenset(range(2, pmax + 1, 2)) - settled

@@ -646,13 +646,15 @@ def test_the_seconds_a_backend_ran_past_its_own_limit_are_reported() -> None:
     assert 0.0 <= quiet.params["backend_overrun_s"] < 1.0
 
 
-def test_below_twenty_seconds_where_no_model_fits_the_heuristics_and_the_fluid_search_take_all_the_time(
+def test_where_no_model_fits_the_heuristics_and_the_fluid_search_take_all_the_time(
         monkeypatch) -> None:
-    """Below 20 s the fluid search runs in this process for 60 % of the time the warm start leaves, the
-    P-models get the rest. Where no P-model could be built and called in that rest (256–512 GPUs at
-    15 s) the time would go unused: the warm start then gets half the limit (hexiscale's sweep is cut at
-    a quarter) and the fluid search 97 % of what is left, up to a second before the limit; the solve
-    says so (``models_fit``)."""
+    """Below 10 s (or with ``fluid_parallel`` off) the fluid search runs in this process for 60 % of the
+    time the warm start leaves, the P-models get the rest. Where no P-model could be built and called in
+    that rest (256–512 GPUs at 10 s) the time would go unused: the warm start then gets half the limit
+    (hexiscale's sweep is cut at a quarter) and the fluid search 97 % of what is left, up to a second
+    before the limit; the solve says so (``models_fit``). Beside a child the models would get all the
+    warm start leaves; where none fits even that, the warm start gets half the limit too, and the fluid
+    search is not split between the two processes."""
     from hexhelix.solver import exact_plan
 
     budgets: list[float] = []
@@ -682,9 +684,13 @@ def test_below_twenty_seconds_where_no_model_fits_the_heuristics_and_the_fluid_s
     assert not res.params["models_fit"] and budgets[-1] == pytest.approx(2.0) and res.plan is not None
     # 97 % of the rest, but ending at least a second before the limit (its last steps may overshoot)
     assert shares[-1] > 0.6 + 0.05 and lasts[-1] == pytest.approx(1.0, abs=0.02)
-    # from 20 s on (the fluid search in a child for the whole limit) nothing is left unused: no change
+    # beside a child (from 10 s on) the same rule holds, and the child searches every pipeline count alone
+    monkeypatch.setattr(exact_plan, "FLUID_SPLIT_MIN_GPUS", 1)  # split where some model fits, even on 4 GPUs
     res = solve(pb, "cpsat", time_limit=4.0, options={"fluid_parallel": True})
-    assert res.params["models_fit"] and budgets[-1] == pytest.approx(1.0)
+    assert not res.params["models_fit"] and budgets[-1] == pytest.approx(2.0) and res.params["fluid_split"] is False
+    monkeypatch.setattr(exact_plan, "_unbuilt_cost_s", lambda terms, per_term_s=0.0: 0.0)  # every model fits
+    res = solve(pb, "cpsat", time_limit=4.0, options={"fluid_parallel": True})
+    assert res.params["models_fit"] and budgets[-1] == pytest.approx(1.0) and res.params["fluid_split"] is True
 
 
 def _scanned_drops(tables, c: int, first: bool, last: bool) -> list[tuple[int, int]]:
