@@ -175,7 +175,7 @@ def behind(baseline: str) -> str:
 
 def _ranges(values: list[int]) -> str:
     """2, 3, 4, 7 -> '2–4, 7'."""
-    out: list[str] = []
+    out: list[tuple[int, int]] = []
     for v in sorted(values):
         if out and out[-1][1] == v - 1:
             out[-1] = (out[-1][0], v)
