@@ -194,8 +194,8 @@ def short_counts() -> str:
             least = min(under, key=under.__getitem__)
             parts.append(f"{name} P = {_ranges(list(under))} under {line:.3f} s (least {under[least]:.3f} s at "
                          f"P = {least})")
-    return ("Pipeline counts whose proven bound lies under the 2 % line (0.98 × cpsat's plan), per row above the "
-            "goal's gap: " + "; ".join(parts) + ". ") if parts else ""
+    return (f"Pipeline counts whose proven bound lies under the {GOAL_GAP:.0%} line ({1 - GOAL_GAP:.2f} × cpsat's plan), "
+            "per row above the goal's gap: " + "; ".join(parts) + ". ") if parts else ""
 
 
 def reading(limit: float, baselines: bool = True, goal: bool = True) -> str:
