@@ -194,7 +194,7 @@ def short_counts() -> str:
             least = min(under, key=under.__getitem__)
             parts.append(f"{name} P = {_ranges(list(under))} under {line:.3f} s (least {under[least]:.3f} s at "
                          f"P = {least})")
-    return (f"Pipeline counts whose proven bound lies under the {GOAL_GAP:.0%} line ({1 - GOAL_GAP:.2f} × cpsat's plan), "
+    return (f"Pipeline counts whose proven bound lies under the {GOAL_GAP * 100:g} % line ({1 - GOAL_GAP:.2f} × cpsat's plan), "
             "per row above the goal's gap: " + "; ".join(parts) + ". ") if parts else ""
 
 
